@@ -1,0 +1,1 @@
+"""Tooling that carries vLLM fork patches as queues on pinned upstream bases."""

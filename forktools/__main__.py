@@ -1,0 +1,5 @@
+import sys
+
+from forktools.cli import main
+
+sys.exit(main())

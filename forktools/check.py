@@ -1,0 +1,61 @@
+"""Does ``patches/`` say exactly what the fork trees hold?"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from forktools import git, materialize, queue
+from forktools.pins import Base
+
+
+def problems(base: Base) -> list[str]:
+    """Every way in which the base's tree and queue disagree; empty if none."""
+    tree = materialize.ensure(base)
+    found = [
+        f"{base.name}: unexported edit in {path} (commit it in the tree, then "
+        "`make export`)"
+        for path in materialize.unexported(tree)
+    ]
+    if not found:
+        found += _round_trip(base, tree)
+    found += _applies_alone(base, tree)
+    return found
+
+
+def _round_trip(base: Base, tree: Path) -> list[str]:
+    """Exporting the tree must reproduce the queue byte for byte."""
+    listed = [entry.name for entry in queue.entries(base)]
+    with tempfile.TemporaryDirectory() as tmp:
+        exported = queue.export_to(tree, "base", Path(tmp))
+        if [p.name for p in exported] != listed:
+            return [
+                f"{base.name}: series lists {listed}, the tree exports "
+                f"{[p.name for p in exported]}; run `make export`"
+            ]
+        return [
+            f"patches/{base.name}/{patch.name}: not what `make export` writes "
+            "(edited by hand?); run `make export` and review the diff"
+            for patch in exported
+            if patch.read_bytes() != (base.patch_dir / patch.name).read_bytes()
+        ]
+
+
+def _applies_alone(base: Base, tree: Path) -> list[str]:
+    """Each patch must apply on the pristine base by itself."""
+    found = []
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        git.run(tree, "read-tree", "base", env=env)
+        for entry in queue.entries(base):
+            patch = base.patch_dir / entry.name
+            result = git.run(
+                tree, "apply", "--cached", "--check", str(patch), check=False, env=env
+            )
+            if result.returncode != 0:
+                found.append(
+                    f"patches/{base.name}/{entry.name}: does not apply alone on "
+                    f"pristine {base.version}: {result.stderr.strip()}"
+                )
+    return found

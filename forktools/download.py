@@ -1,0 +1,124 @@
+"""Fetch pinned artifacts through pip's own client, cache and verify them.
+
+pip's index and link handling is used (rather than a plain HTTP client) so
+that a user's index URL, extra indexes, ``--find-links`` wheelhouses,
+certificates and proxies from their pip configuration apply unchanged.
+``pip download`` itself cannot be used for the sdist: it would try to build
+vLLM's metadata, which needs a full build toolchain.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from forktools.pins import Artifact, ForkError, sha256_of
+
+
+def cache_dir() -> Path:
+    if root := os.environ.get("VLLM_FORK_CACHE"):
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "vllm-fork"
+
+
+def fetch(artifact: Artifact) -> Path:
+    """Return the verified cached file of ``artifact``, downloading it if needed."""
+    target = cache_dir() / "downloads" / artifact.file
+    if target.exists():
+        actual = sha256_of(target)
+        if actual == artifact.sha256:
+            return target
+        print(
+            f"vllm-fork: cached {target} has sha256 {actual}, pinned "
+            f"{artifact.sha256}; downloading it again",
+            file=sys.stderr,
+        )
+        target.unlink()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
+    try:
+        _download(find_url(artifact.file), partial)
+        actual = sha256_of(partial)
+        if actual != artifact.sha256:
+            raise ForkError(
+                f"sha256 mismatch for {artifact.file}: pinned {artifact.sha256}, "
+                f"downloaded {actual}. Nothing was installed. Check your package "
+                "index or wheelhouse; if upstream really re-published the file, "
+                "update upstream.toml after verifying the new file."
+            )
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
+
+
+def find_url(filename: str) -> str:
+    """The URL under which pip's configured indexes offer ``filename``."""
+    from pip._internal.commands import create_command
+
+    project = filename.split("-", 1)[0]
+    command = create_command("download")
+    options, _ = command.parse_args(["--no-deps", project])
+    with command.main_context():
+        session = command.get_default_session(options)
+        finder = command._build_package_finder(
+            options=options, session=session, ignore_requires_python=True
+        )
+        for candidate in finder.find_all_candidates(project):
+            if candidate.link.filename == filename:
+                return candidate.link.url
+    raise ForkError(
+        f"{filename} is not offered by any configured package index or "
+        "--find-links location; check your pip configuration (pip config list)"
+    )
+
+
+def _download(url: str, dest: Path) -> None:
+    from pip._internal.commands import create_command
+
+    command = create_command("download")
+    options, _ = command.parse_args([])
+    with command.main_context():
+        session = command.get_default_session(options)
+        response = session.get(url, stream=True, headers={"Accept-Encoding": "identity"})
+        response.raise_for_status()
+        total = int(response.headers.get("content-length") or 0)
+        progress = _Progress(dest.name.removesuffix(".part"), total)
+        with dest.open("wb") as f:
+            for chunk in response.iter_content(chunk_size=1 << 20):
+                f.write(chunk)
+                progress.advance(len(chunk))
+        progress.done()
+
+
+class _Progress:
+    """Download progress on stderr, a line at most every few seconds."""
+
+    def __init__(self, name: str, total: int):
+        self.name, self.total, self.seen = name, total, 0
+        self.started = self.shown = time.monotonic()
+        size = f" ({total / 1e6:.1f} MB)" if total else ""
+        print(f"vllm-fork: downloading {name}{size}", file=sys.stderr, flush=True)
+
+    def advance(self, n: int) -> None:
+        self.seen += n
+        now = time.monotonic()
+        if now - self.shown >= 2:
+            self.shown = now
+            share = f"{100 * self.seen / self.total:.0f}% " if self.total else ""
+            print(
+                f"vllm-fork:   {self.name}: {share}{self.seen / 1e6:.1f} MB",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def done(self) -> None:
+        seconds = time.monotonic() - self.started
+        print(
+            f"vllm-fork:   {self.name}: {self.seen / 1e6:.1f} MB in {seconds:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )

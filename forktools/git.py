@@ -1,0 +1,55 @@
+"""Run git in a fork tree with settings that make its output reproducible.
+
+The user's own git configuration is ignored for the commands the tooling
+runs, so that ``format-patch`` output, and therefore the exported patches,
+are byte-identical on every machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from forktools.pins import ForkError
+
+IDENTITY = ("vllm-fork", "vllm-fork@localhost")
+BASE_DATE = "2000-01-01T00:00:00+0000"
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in list(env):
+        if key.startswith("GIT_"):
+            del env[key]
+    env.update(
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_AUTHOR_NAME=IDENTITY[0],
+        GIT_AUTHOR_EMAIL=IDENTITY[1],
+        GIT_COMMITTER_NAME=IDENTITY[0],
+        GIT_COMMITTER_EMAIL=IDENTITY[1],
+        LC_ALL="C",
+    )
+    env.update(extra or {})
+    return env
+
+
+def run(
+    tree: Path, *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["git", "-C", str(tree), "-c", "core.abbrev=12", *args],
+        env=_env(env),
+        capture_output=True,
+        text=True,
+    )
+    if check and result.returncode != 0:
+        raise ForkError(
+            f"git {' '.join(args)} failed in {tree}:\n{result.stderr.strip()}"
+        )
+    return result
+
+
+def out(tree: Path, *args: str) -> str:
+    return run(tree, *args).stdout.strip()

@@ -1,0 +1,197 @@
+"""Build the fork tree of a base: upstream sources, wheel extras, the queue.
+
+A tree lives in ``.fork/trees/<base>/``, a git repository whose first commit
+(tagged ``base``) is the sdist's ``vllm/``, ``tests/`` and ``pyproject.toml``
+and whose later commits are the queue. Files that only the wheel ships
+(compiled extensions, generated modules) are laid beside them and ignored by
+git. The repository root's ``vllm`` and ``tests`` link to the selected tree.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from forktools import download, git, queue
+from forktools.pins import ROOT, Base, ForkError
+
+TREES = ROOT / ".fork" / "trees"
+SDIST_PARTS = ("vllm/", "tests/", "pyproject.toml")
+LINKED = ("vllm", "tests")
+STATE = "vllm-fork.json"
+VERSION_FILE = "vllm/_version.py"
+
+
+def tree_dir(base: Base) -> Path:
+    return TREES / base.name
+
+
+def version(base: Base) -> str:
+    return f"{base.version}+fork.{queue.queue_id(base)}"
+
+
+def read_state(tree: Path) -> dict:
+    path = tree / ".git" / STATE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def record(tree: Path, base: Base) -> None:
+    """Remember the queue and commit the tree now matches."""
+    state = {"queue": queue.queue_id(base), "head": git.out(tree, "rev-parse", "HEAD")}
+    (tree / ".git" / STATE).write_text(json.dumps(state, indent=2) + "\n")
+    (tree / VERSION_FILE).write_text(_version_module(version(base)))
+
+
+def unexported(tree: Path) -> list[str]:
+    """Files whose edits in ``tree`` are not in the patches yet."""
+    if not (tree / ".git").exists():
+        return []
+    changed = set()
+    status = git.run(tree, "status", "--porcelain", "--untracked-files=all").stdout
+    changed.update(line[3:] for line in status.splitlines())
+    head = read_state(tree).get("head")
+    if head and git.out(tree, "rev-parse", "HEAD") != head:
+        changed.update(git.out(tree, "diff", "--name-only", head, "HEAD").split())
+        changed = changed or {"(commits not exported)"}
+    return sorted(changed)
+
+
+def refuse_if_unexported(tree: Path, doing: str) -> None:
+    files = unexported(tree)
+    if files:
+        listed = "\n  ".join(files[:20])
+        more = f"\n  … and {len(files) - 20} more" if len(files) > 20 else ""
+        raise ForkError(
+            f"refusing to {doing}: {tree} has edits that are not exported to "
+            f"patches/:\n  {listed}{more}\nCommit them in the tree and run "
+            "`make export`, or discard them (git -C <tree> reset --hard "
+            "<commit>) if you really mean to."
+        )
+
+
+def is_current(base: Base) -> bool:
+    tree = tree_dir(base)
+    return read_state(tree).get("queue") == queue.queue_id(base)
+
+
+def ensure(base: Base) -> Path:
+    """The base's tree, (re)built when its queue changed. Idempotent."""
+    tree = tree_dir(base)
+    if not is_current(base):
+        refuse_if_unexported(tree, f"rebuild the {base.name} tree")
+        build(base)
+    return tree
+
+
+def build(base: Base) -> Path:
+    """Materialize into a staging directory, then swap it into place."""
+    tree = tree_dir(base)
+    staging = tree.with_name(f".{base.name}.staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        print(f"vllm-fork: materializing the {base.name} tree", file=sys.stderr)
+        _extract_sdist(download.fetch(base.sdist), staging)
+        (staging / VERSION_FILE).unlink(missing_ok=True)
+        _commit_base(base, staging)
+        _overlay_wheel(download.fetch(base.wheel_for_this_machine()), staging)
+        queue.apply(base, staging)
+        record(staging, base)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    old = tree.with_name(f".{base.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if tree.exists():
+        tree.rename(old)
+    staging.rename(tree)
+    shutil.rmtree(old, ignore_errors=True)
+    return tree
+
+
+def _extract_sdist(sdist: Path, dest: Path) -> None:
+    with tarfile.open(sdist) as archive:
+        members = []
+        for member in archive.getmembers():
+            _, _, inner = member.name.partition("/")
+            if inner.startswith(SDIST_PARTS[:2]) or inner == SDIST_PARTS[2]:
+                member.name = inner
+                members.append(member)
+        archive.extractall(dest, members=members, filter="data")
+
+
+def _commit_base(base: Base, tree: Path) -> None:
+    date = {"GIT_AUTHOR_DATE": git.BASE_DATE, "GIT_COMMITTER_DATE": git.BASE_DATE}
+    git.run(tree, "init", "--quiet", "--initial-branch=fork")
+    git.run(tree, "add", "--all", "--force")
+    message = f"vLLM {base.version} ({base.sdist.file})"
+    git.run(tree, "commit", "--quiet", "--no-verify", "-m", message, env=date)
+    git.run(tree, "tag", "base")
+
+
+def _overlay_wheel(wheel: Path, tree: Path) -> None:
+    """Add what only the wheel ships; git ignores it, exports never see it."""
+    ignored = ["__pycache__/", "*.pyc"]
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            name = info.filename
+            if name == VERSION_FILE or not name.startswith("vllm/"):
+                continue
+            if not (tree / name).exists():
+                archive.extract(info, tree)
+                ignored.append(f"/{name}")
+                if mode := info.external_attr >> 16:
+                    (tree / name).chmod(mode & 0o777)
+    exclude = tree / ".git" / "info" / "exclude"
+    exclude.write_text("\n".join([*ignored, f"/{VERSION_FILE}"]) + "\n")
+
+
+def wheel_files(tree: Path) -> list[str]:
+    """The files laid from the wheel (as listed in the tree's git excludes)."""
+    exclude = (tree / ".git" / "info" / "exclude").read_text().splitlines()
+    return [
+        line[1:]
+        for line in exclude
+        if line.startswith("/vllm/") and line[1:] != VERSION_FILE
+    ]
+
+
+def _version_module(text: str) -> str:
+    public = text.split("+", 1)[0]
+    numbers = ", ".join(public.split("."))
+    return (
+        "# Generated by vllm-fork: the upstream release plus the patch queue.\n"
+        f"__version__ = version = {text!r}\n"
+        f"__version_tuple__ = version_tuple = ({numbers}, {text.split('+')[1]!r})\n"
+        "__commit_id__ = commit_id = None\n"
+    )
+
+
+def select(base: Base) -> None:
+    """Point the root ``vllm`` and ``tests`` at the base's tree."""
+    tree = tree_dir(base)
+    for name in LINKED:
+        link = ROOT / name
+        target = tree.relative_to(ROOT) / name
+        if link.is_symlink():
+            if Path(link.readlink()) == target:
+                continue
+            current = (ROOT / link.readlink()).parent
+            refuse_if_unexported(current, f"switch to {base.name}")
+            link.unlink()
+        elif link.exists():
+            raise ForkError(
+                f"{link} is a real directory, not a link to a fork tree; move it "
+                "away (it is not part of this repository) and run again"
+            )
+        link.symlink_to(target, target_is_directory=True)
+    (ROOT / ".fork" / "selected").write_text(base.name + "\n")
+
+
+def selected() -> str | None:
+    path = ROOT / ".fork" / "selected"
+    return path.read_text().strip() if path.exists() else None

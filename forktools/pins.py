@@ -1,0 +1,102 @@
+"""The pinned upstream bases of ``upstream.toml``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent.parent
+PIN_FILE = ROOT / "upstream.toml"
+BASE_ENV = "VLLM_FORK_BASE"
+
+
+class ForkError(Exception):
+    """A failure the user can act on; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    file: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Base:
+    name: str
+    version: str
+    sdist: Artifact
+    wheels: tuple[Artifact, ...]
+    test_requirements: tuple[str, ...]
+
+    def wheel_for_this_machine(self) -> Artifact:
+        arch = platform.machine()
+        for wheel in self.wheels:
+            if wheel.file.endswith(f"_{arch}.whl"):
+                return wheel
+        names = ", ".join(w.file for w in self.wheels)
+        raise ForkError(
+            f"{self.name}: no pinned wheel for this machine ({arch}); "
+            f"pinned: {names}. Add one to {PIN_FILE.name}."
+        )
+
+    @property
+    def patch_dir(self) -> Path:
+        return ROOT / "patches" / self.name
+
+
+@dataclass(frozen=True)
+class Pins:
+    default: str
+    bases: dict[str, Base]
+
+    def get(self, name: str | None = None) -> Base:
+        name = name or os.environ.get(BASE_ENV) or self.default
+        if name not in self.bases:
+            known = ", ".join(self.bases)
+            raise ForkError(f"unknown base {name!r}: {PIN_FILE.name} pins {known}")
+        return self.bases[name]
+
+    def newest_first(self) -> list[Base]:
+        return sorted(self.bases.values(), key=_version_key, reverse=True)
+
+
+def _version_key(base: Base) -> tuple[int, ...]:
+    return tuple(int(part) for part in base.version.split("."))
+
+
+def _artifact(entry: dict) -> Artifact:
+    return Artifact(file=entry["file"], sha256=entry["sha256"].lower())
+
+
+def load(path: Path = PIN_FILE) -> Pins:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ForkError(f"{path}: cannot read the pin file: {e}") from e
+    bases = {
+        name: Base(
+            name=name,
+            version=entry["version"],
+            sdist=_artifact(entry["sdist"]),
+            wheels=tuple(_artifact(w) for w in entry["wheels"]),
+            test_requirements=tuple(entry.get("test-requirements", ())),
+        )
+        for name, entry in data["bases"].items()
+    }
+    return Pins(default=data["default"], bases=bases)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,130 @@
+"""A base's patch queue: ``patches/<base>/series`` and its mbox patches."""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import hashlib
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from forktools import git
+from forktools.pins import Base, ForkError
+
+SERIES_HEADER = """\
+# Patch queue for vLLM {base}, applied in order with
+# `git am --keep-non-patch`. After each patch, its upstream status.
+"""
+NOT_UPSTREAM = "not upstream"
+FORMAT_PATCH = (
+    "format-patch",
+    "--zero-commit",
+    "--no-signature",
+    "--no-numbered",
+    "--find-renames",
+)
+_AM_FAILURE = re.compile(
+    r"^error: (?:patch failed: (?P<at>\S+?):\d+|(?P<file>\S+?): "
+    r"(?:patch does not apply|does not exist in index|already exists in"
+    r" (?:index|working directory)))",
+    re.MULTILINE,
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    status: str
+
+    def subject(self, base: Base) -> str:
+        path = base.patch_dir / self.name
+        message = email.message_from_bytes(
+            path.read_bytes(), policy=email.policy.default
+        )
+        return re.sub(r"^\[PATCH[^\]]*\]\s*", "", str(message["Subject"]))
+
+
+def entries(base: Base) -> list[Entry]:
+    series = base.patch_dir / "series"
+    if not series.exists():
+        return []
+    result = []
+    for number, line in enumerate(series.read_text().splitlines(), 1):
+        name, _, status = line.partition("#")
+        name, status = name.strip(), status.strip()
+        if not name:
+            continue
+        if not (base.patch_dir / name).is_file():
+            raise ForkError(f"{series}:{number}: {name} is listed but missing")
+        result.append(Entry(name, status or NOT_UPSTREAM))
+    return result
+
+
+def queue_id(base: Base) -> str:
+    """A short digest of the queue's exact bytes, for the version label."""
+    digest = hashlib.sha256(base.name.encode())
+    series = base.patch_dir / "series"
+    if series.exists():
+        digest.update(series.read_bytes())
+    for entry in entries(base):
+        digest.update((base.patch_dir / entry.name).read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def apply(base: Base, tree: Path) -> None:
+    """Apply the queue on ``tree`` one patch at a time, naming any that fails."""
+    for entry in entries(base):
+        patch = base.patch_dir / entry.name
+        result = git.run(
+            tree,
+            "am",
+            "--keep-non-patch",
+            "--committer-date-is-author-date",
+            str(patch),
+            check=False,
+        )
+        if result.returncode != 0:
+            git.run(tree, "am", "--abort", check=False)
+            raise ForkError(_am_failure(base, entry.name, result.stderr))
+
+
+def _am_failure(base: Base, name: str, stderr: str) -> str:
+    files = sorted(
+        {m.group("at") or m.group("file") for m in _AM_FAILURE.finditer(stderr)}
+    )
+    where = f" (in {', '.join(files)})" if files else ""
+    return (
+        f"patches/{base.name}/{name} no longer applies to vLLM "
+        f"{base.version}{where}.\n{stderr.strip()}\n"
+        "Rebase it: materialize the tree without it, redo the change, and "
+        "export (see README, 'Moving to a new upstream release')."
+    )
+
+
+def export_to(tree: Path, since: str, dest: Path) -> list[Path]:
+    """Write the commits after ``since`` as mbox patches into ``dest``."""
+    names = git.out(tree, *FORMAT_PATCH, "-o", str(dest), f"{since}..HEAD")
+    return [Path(line) for line in names.splitlines()]
+
+
+def _slug(name: str) -> str:
+    return name.split("-", 1)[1] if "-" in name else name
+
+
+def write(base: Base, tree: Path, since: str) -> list[str]:
+    """Replace the queue with the tree's commits; keep statuses by subject."""
+    statuses = {_slug(e.name): e.status for e in entries(base)}
+    with tempfile.TemporaryDirectory() as tmp:
+        patches = export_to(tree, since, Path(tmp))
+        base.patch_dir.mkdir(parents=True, exist_ok=True)
+        for entry in entries(base):
+            (base.patch_dir / entry.name).unlink()
+        lines = [SERIES_HEADER.format(base=base.version)]
+        for patch in patches:
+            (base.patch_dir / patch.name).write_bytes(patch.read_bytes())
+            status = statuses.get(_slug(patch.name), NOT_UPSTREAM)
+            lines.append(f"{patch.name}  # {status}\n")
+    (base.patch_dir / "series").write_text("".join(lines))
+    return [p.name for p in patches]

@@ -1,0 +1,225 @@
+"""``make verify``: each commit's tests pass with it and fail without it.
+
+For every commit of every queue, in a scratch worktree of the fork tree:
+run the test functions the commit adds with the whole queue applied (all
+must pass), then with the commit's non-test hunks reverted and its tests kept
+(at least one must fail, every failure through an assertion, and nothing may
+error in collection or setup). A test-only commit names a patch that puts the
+bug back instead, ``patches/<base>/verify/<patch>.without-fix.diff``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from forktools import git, materialize, queue, venv
+from forktools.pins import ROOT, Base, ForkError
+
+HARNESS = ROOT / "forktools" / "harness"
+ASSERTIONS = {"AssertionError", "Failed"}
+_ADDED_TEST = re.compile(r"^\+def (test_\w+)\(", re.MULTILINE)
+
+
+@dataclass
+class Outcome:
+    passed: int
+    failed: int
+    errors: list[str]
+    failure_types: set[str]
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.failed
+
+
+@dataclass
+class Row:
+    base: str
+    patch: str
+    tests: int
+    with_fix: Outcome | None
+    without_fix: Outcome | None
+    seconds: float
+    problem: str = ""
+
+    @property
+    def holds(self) -> bool:
+        return not self.problem
+
+
+def added_tests(tree: Path, commit: str) -> list[str]:
+    """Node ids of the top-level test functions that ``commit`` adds."""
+    nodeids = []
+    for path in _changed(tree, commit, "tests"):
+        diff = git.out(tree, "show", "--format=", commit, "--", path)
+        nodeids += [f"{path}::{name}" for name in _ADDED_TEST.findall(diff)]
+    return nodeids
+
+
+def _changed(tree: Path, commit: str, *pathspec: str) -> list[str]:
+    names = git.out(tree, "diff", "--name-only", f"{commit}^", commit, "--", *pathspec)
+    return names.splitlines()
+
+
+def run_tests(python: Path, tree: Path, nodeids: list[str]) -> Outcome:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        env = dict(
+            os.environ,
+            VLLM_TARGET_DEVICE="cpu",
+            PYTHONPATH=os.pathsep.join([str(tree), str(HARNESS)]),
+            VLLM_FORK_REPORT=str(report),
+            VLLM_CACHE_ROOT=str(Path(tmp) / "vllm-cache"),
+            HF_HUB_OFFLINE="1",
+        )
+        command = [str(python), "-m", "pytest", "-p", "vllm_fork_report", "-q",
+                   "-p", "no:cacheprovider", *nodeids]
+        subprocess.run(command, cwd=tree, env=env, stdout=sys.stderr)
+        records = json.loads(report.read_text()) if report.exists() else []
+    return _summarize(records)
+
+
+def _summarize(records: list[dict]) -> Outcome:
+    outcome = Outcome(0, 0, [], set())
+    for record in records:
+        if record["when"] == "call":
+            if record["outcome"] == "passed":
+                outcome.passed += 1
+            elif record["outcome"] == "failed":
+                outcome.failed += 1
+                outcome.failure_types.add(record["exception"])
+            else:
+                outcome.errors.append(f"{record['nodeid']} skipped")
+        elif record["outcome"] != "passed":
+            outcome.errors.append(
+                f"{record['nodeid']} {record['outcome']} in {record['when']}"
+                f" ({record['exception']})"
+            )
+    if not records:
+        outcome.errors.append("pytest wrote no report")
+    return outcome
+
+
+@contextmanager
+def scratch_worktree(tree: Path):
+    """A throwaway checkout of the tree's HEAD, with the wheel's files linked."""
+    path = Path(tempfile.mkdtemp(prefix="vllm-fork-verify-"))
+    shutil.rmtree(path)
+    git.run(tree, "worktree", "add", "--detach", "--quiet", str(path), "HEAD")
+    try:
+        for name in materialize.wheel_files(tree):
+            (path / name).parent.mkdir(parents=True, exist_ok=True)
+            (path / name).symlink_to(tree / name)
+        shutil.copy(tree / materialize.VERSION_FILE, path / materialize.VERSION_FILE)
+        yield path
+    finally:
+        git.run(tree, "worktree", "remove", "--force", str(path), check=False)
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def without_fix(base: Base, entry: queue.Entry, worktree: Path, commit: str) -> str:
+    """Undo the fix in ``worktree``; returns a description of what was done."""
+    bug = base.patch_dir / "verify" / f"{entry.name}.without-fix.diff"
+    if bug.exists():
+        git.run(worktree, "apply", str(bug))
+        return f"applied {bug.relative_to(ROOT)}"
+    sources = [p for p in _changed(worktree, commit) if not p.startswith("tests/")]
+    if not sources:
+        raise ForkError(
+            f"patches/{base.name}/{entry.name} changes only tests; add "
+            f"{bug.relative_to(ROOT)} that puts the bug back, so verify can "
+            "show the tests fail without the fix"
+        )
+    diff = git.run(worktree, "diff", f"{commit}^", commit, "--", *sources).stdout
+    subprocess.run(["git", "-C", str(worktree), "apply", "-R"], input=diff,
+                   text=True, check=True)
+    return f"reverted {', '.join(sources)}"
+
+
+def verify_base(base: Base) -> list[Row]:
+    tree = materialize.ensure(base)
+    materialize.refuse_if_unexported(tree, f"verify {base.name}")
+    entries = queue.entries(base)
+    if not entries:
+        return []
+    python = venv.ensure(base)
+    commits = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
+    rows = []
+    with scratch_worktree(tree) as worktree:
+        for entry, commit in zip(entries, commits, strict=True):
+            rows.append(_verify_commit(base, entry, commit, python, worktree))
+            git.run(worktree, "reset", "--hard", "--quiet", "HEAD")
+    return rows
+
+
+def _verify_commit(base, entry, commit, python, worktree) -> Row:
+    started = time.monotonic()
+    nodeids = added_tests(worktree, commit)
+    row = Row(base.name, entry.name, len(nodeids), None, None, 0.0)
+    if not nodeids:
+        row.problem = "adds no test functions"
+        return row
+    print(f"verify: {base.name} {entry.name}: with the fix", file=sys.stderr)
+    row.with_fix = run_tests(python, worktree, nodeids)
+    how = without_fix(base, entry, worktree, commit)
+    print(f"verify: {base.name} {entry.name}: without ({how})", file=sys.stderr)
+    row.without_fix = run_tests(python, worktree, nodeids)
+    row.seconds = time.monotonic() - started
+    row.problem = _judge(row.with_fix, row.without_fix)
+    return row
+
+
+def _judge(with_fix: Outcome, without: Outcome) -> str:
+    if with_fix.errors or with_fix.failed or not with_fix.passed:
+        return f"with the fix: {with_fix.failed} failed; {'; '.join(with_fix.errors)}"
+    if without.errors:
+        return f"without the fix: {'; '.join(without.errors)}"
+    if not without.failed:
+        return "without the fix every test still passes: the tests do not bite"
+    if not without.failure_types <= ASSERTIONS:
+        kinds = ", ".join(sorted(without.failure_types - ASSERTIONS))
+        return f"without the fix the tests fail with {kinds}, not an assertion"
+    return ""
+
+
+def table(rows: list[Row]) -> str:
+    lines = [("base", "patch", "tests", "with fix", "without fix", "seconds", "holds")]
+    for row in rows:
+        lines.append(
+            (
+                row.base,
+                row.patch,
+                str(row.tests),
+                _ratio(row.with_fix, "passed"),
+                _ratio(row.without_fix, "failed"),
+                f"{row.seconds:.0f}",
+                "yes" if row.holds else f"NO: {row.problem}",
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
+        for line in lines
+    )
+
+
+def _ratio(outcome: Outcome | None, field: str) -> str:
+    if outcome is None:
+        return "-"
+    return f"{getattr(outcome, field)}/{outcome.total} {field}"
+
+
+def main(bases: list[Base]) -> int:
+    rows = [row for base in bases for row in verify_base(base)]
+    print(table(rows))
+    return 0 if all(row.holds for row in rows) else 1
