@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forktools import check, export, materialize, pins, queue
+from forktools import check, export, materialize, pins, queue, table
 from forktools.pins import ForkError
 
 
@@ -51,10 +51,12 @@ def cmd_status(args) -> int:
             )
         if not queue.entries(base):
             rows.append((base.name, "-", "(empty queue)", "", ""))
-    _print_table(rows)
+    print(table.render(rows))
     current = materialize.selected()
     if current:
-        print(f"\nselected: {current} ({materialize.version(pins.load().get(current))})")
+        print(
+            f"\nselected: {current} ({materialize.version(pins.load().get(current))})"
+        )
     return 0
 
 
@@ -64,10 +66,58 @@ def cmd_verify(args) -> int:
     return verify.main(_bases(args))
 
 
-def _print_table(rows) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+def cmd_lint(args) -> int:
+    from forktools import lint
+
+    return lint.main(_bases(args))
+
+
+def cmd_venv(args) -> int:
+    from forktools import venv
+
+    for base in _bases(args):
+        print(venv.ensure(base))
+    return 0
+
+
+def cmd_test(args) -> int:
+    """Everything CI runs: tooling tests, lint, check, verify."""
+    import subprocess
+
+    from forktools import venv
+    from forktools.pins import ROOT
+
+    bases = _bases(args)
+    pythons = [venv.ensure(base) for base in bases]
+    tooling = [str(pythons[0]), "-m", "pytest", "-q", "forktools/tests"]
+    stages = {
+        "tooling tests": lambda: subprocess.run(tooling, cwd=ROOT).returncode,
+        "lint": lambda: cmd_lint(args),
+        "check": lambda: cmd_check(args),
+        "verify": lambda: cmd_verify(args),
+    }
+    failed = []
+    for name, stage in stages.items():
+        print(f"\n== {name}", flush=True)
+        if stage() != 0:
+            failed.append(name)
+    print(f"\nfailed: {', '.join(failed)}" if failed else "")
+    print(f"stages: {len(stages) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+_ALL = "a base pinned in upstream.toml (default: every base)"
+BASE_HELP = {
+    "fork": "a base pinned in upstream.toml (default: $VLLM_FORK_BASE, else "
+    "upstream.toml's default)",
+    "export": "a base pinned in upstream.toml (default: the selected tree's)",
+    "check": _ALL,
+    "status": _ALL,
+    "verify": _ALL,
+    "lint": _ALL,
+    "venv": _ALL,
+    "test": _ALL,
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -77,17 +127,30 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands = [
-        ("fork", cmd_fork, "materialize the fork tree of a base and link vllm/, tests/ to it"),
+        (
+            "fork",
+            cmd_fork,
+            "materialize the fork tree of a base and link vllm/, tests/ to it",
+        ),
         ("export", cmd_export, "write the tree's commits back into patches/<base>/"),
         ("check", cmd_check, "fail when patches/ and the fork trees disagree"),
         ("status", cmd_status, "table of every queue: base, patch, subject, upstream"),
-        ("verify", cmd_verify, "prove each commit's tests fail without it, pass with it"),
+        (
+            "verify",
+            cmd_verify,
+            "prove each commit's tests fail without it, pass with it",
+        ),
+        (
+            "lint",
+            cmd_lint,
+            "ruff, sign-off, subject and SPDX checks on code and queues",
+        ),
+        ("venv", cmd_venv, "build (if needed) and print each base's test environment"),
+        ("test", cmd_test, "everything CI runs: tooling tests, lint, check, verify"),
     ]
     for name, func, summary in commands:
         command = sub.add_parser(name, help=summary, description=summary)
-        command.add_argument(
-            "--base", help=f"a base pinned in upstream.toml (default: see {name} help)"
-        )
+        command.add_argument("--base", help=BASE_HELP[name])
         command.set_defaults(func=func)
     return top
 

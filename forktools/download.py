@@ -83,7 +83,9 @@ def _download(url: str, dest: Path) -> None:
     options, _ = command.parse_args([])
     with command.main_context():
         session = command.get_default_session(options)
-        response = session.get(url, stream=True, headers={"Accept-Encoding": "identity"})
+        response = session.get(
+            url, stream=True, headers={"Accept-Encoding": "identity"}
+        )
         response.raise_for_status()
         total = int(response.headers.get("content-length") or 0)
         progress = _Progress(dest.name.removesuffix(".part"), total)

@@ -16,10 +16,9 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from forktools import download, git, queue
-from forktools.pins import ROOT, Base, ForkError
+from forktools import download, git, pins, queue
+from forktools.pins import Base, ForkError
 
-TREES = ROOT / ".fork" / "trees"
 SDIST_PARTS = ("vllm/", "tests/", "pyproject.toml")
 LINKED = ("vllm", "tests")
 STATE = "vllm-fork.json"
@@ -27,7 +26,7 @@ VERSION_FILE = "vllm/_version.py"
 
 
 def tree_dir(base: Base) -> Path:
-    return TREES / base.name
+    return pins.ROOT / ".fork" / "trees" / base.name
 
 
 def version(base: Base) -> str:
@@ -175,12 +174,12 @@ def select(base: Base) -> None:
     """Point the root ``vllm`` and ``tests`` at the base's tree."""
     tree = tree_dir(base)
     for name in LINKED:
-        link = ROOT / name
-        target = tree.relative_to(ROOT) / name
+        link = pins.ROOT / name
+        target = tree.relative_to(pins.ROOT) / name
         if link.is_symlink():
             if Path(link.readlink()) == target:
                 continue
-            current = (ROOT / link.readlink()).parent
+            current = (pins.ROOT / link.readlink()).parent
             refuse_if_unexported(current, f"switch to {base.name}")
             link.unlink()
         elif link.exists():
@@ -189,9 +188,9 @@ def select(base: Base) -> None:
                 "away (it is not part of this repository) and run again"
             )
         link.symlink_to(target, target_is_directory=True)
-    (ROOT / ".fork" / "selected").write_text(base.name + "\n")
+    (pins.ROOT / ".fork" / "selected").write_text(base.name + "\n")
 
 
 def selected() -> str | None:
-    path = ROOT / ".fork" / "selected"
+    path = pins.ROOT / ".fork" / "selected"
     return path.read_text().strip() if path.exists() else None

@@ -76,7 +76,8 @@ def _artifact(entry: dict) -> Artifact:
     return Artifact(file=entry["file"], sha256=entry["sha256"].lower())
 
 
-def load(path: Path = PIN_FILE) -> Pins:
+def load(path: Path | None = None) -> Pins:
+    path = path or ROOT / PIN_FILE.name
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:

@@ -22,9 +22,7 @@ COMPLETE_MARKER = ".vllm-fork-complete"
 
 
 def _key(base: Base, wheel: Path) -> str:
-    spec = "\n".join(
-        [base.name, wheel.name, sys.version, *base.test_requirements]
-    )
+    spec = "\n".join([base.name, wheel.name, sys.version, *base.test_requirements])
     return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
@@ -38,11 +36,22 @@ def ensure(base: Base) -> Path:
         return python
     _remove_stale(root, base, keep=path)
     shutil.rmtree(path, ignore_errors=True)
-    print(f"vllm-fork: building the {base.name} test environment in {path}",
-          file=sys.stderr, flush=True)
+    print(
+        f"vllm-fork: building the {base.name} test environment in {path}",
+        file=sys.stderr,
+        flush=True,
+    )
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-    install = [str(python), "-m", "pip", "install", "--progress-bar", "off",
-               str(wheel), *base.test_requirements]
+    install = [
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "--progress-bar",
+        "off",
+        str(wheel),
+        *base.test_requirements,
+    ]
     if subprocess.run(install).returncode != 0:
         shutil.rmtree(path, ignore_errors=True)
         raise ForkError(

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from forktools import git, materialize, queue, venv
 from forktools.pins import ROOT, Base, ForkError
+from forktools.table import render
 
 HARNESS = ROOT / "forktools" / "harness"
 ASSERTIONS = {"AssertionError", "Failed"}
@@ -82,8 +83,17 @@ def run_tests(python: Path, tree: Path, nodeids: list[str]) -> Outcome:
             VLLM_CACHE_ROOT=str(Path(tmp) / "vllm-cache"),
             HF_HUB_OFFLINE="1",
         )
-        command = [str(python), "-m", "pytest", "-p", "vllm_fork_report", "-q",
-                   "-p", "no:cacheprovider", *nodeids]
+        command = [
+            str(python),
+            "-m",
+            "pytest",
+            "-p",
+            "vllm_fork_report",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *nodeids,
+        ]
         subprocess.run(command, cwd=tree, env=env, stdout=sys.stderr)
         records = json.loads(report.read_text()) if report.exists() else []
     return _summarize(records)
@@ -141,8 +151,9 @@ def without_fix(base: Base, entry: queue.Entry, worktree: Path, commit: str) -> 
             "show the tests fail without the fix"
         )
     diff = git.run(worktree, "diff", f"{commit}^", commit, "--", *sources).stdout
-    subprocess.run(["git", "-C", str(worktree), "apply", "-R"], input=diff,
-                   text=True, check=True)
+    subprocess.run(
+        ["git", "-C", str(worktree), "apply", "-R"], input=diff, text=True, check=True
+    )
     return f"reverted {', '.join(sources)}"
 
 
@@ -206,11 +217,7 @@ def table(rows: list[Row]) -> str:
                 "yes" if row.holds else f"NO: {row.problem}",
             )
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
-        for line in lines
-    )
+    return render(lines)
 
 
 def _ratio(outcome: Outcome | None, field: str) -> str:

@@ -1,0 +1,35 @@
+# vLLM fork: patch queues on pinned upstream releases. `make help` lists targets.
+PYTHON ?= python3
+BASE ?=
+base_arg = $(if $(BASE),--base $(BASE))
+forktools = $(PYTHON) -m forktools
+
+.PHONY: help fork export check status verify lint test venv
+
+help: ## list the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@echo "  BASE=<base> limits a target to one base pinned in upstream.toml"
+
+fork: ## materialize vllm/ and tests/ for BASE (default: upstream.toml's)
+	$(forktools) fork $(base_arg)
+
+export: ## write the fork tree's commits back into patches/<base>/
+	$(forktools) export $(base_arg)
+
+check: ## fail when patches/ and the fork trees disagree
+	$(forktools) check $(base_arg)
+
+status: ## table: base, patch, subject, upstream status
+	$(forktools) status $(base_arg)
+
+verify: ## each commit: its tests pass with it, fail without it
+	$(forktools) verify $(base_arg)
+
+lint: ## ruff on our code and on every queue under its base's settings
+	$(forktools) lint $(base_arg)
+
+venv: ## build the per-base test environments (cached)
+	$(forktools) venv $(base_arg)
+
+test: ## everything CI runs: tooling tests, lint, check, verify
+	$(forktools) test $(base_arg)

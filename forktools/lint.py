@@ -1,0 +1,98 @@
+"""``make lint``: our code under our ruff settings, each queue under its base's.
+
+Every file a queue touches must be clean under that base's own ruff
+configuration and upstream's pinned ruff version; every patch needs a
+vLLM-style subject and a DCO sign-off, and new Python files an SPDX header.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from forktools import download, git, materialize, queue
+from forktools.pins import ROOT, Base, ForkError
+
+RUFF = "ruff==0.14.0"  # upstream's pre-commit pin on both bases
+SUBJECT = re.compile(r"^(\[[A-Za-z][\w./ -]*\])+ \S")
+SPDX = "# SPDX-License-Identifier:"
+OUR_CODE = ["forktools", "setup.py"]
+
+
+def ruff() -> Path:
+    path = download.cache_dir() / "tools" / RUFF.replace("==", "-")
+    executable = path / "bin" / "ruff"
+    if not executable.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+        install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q", RUFF]
+        if subprocess.run(install).returncode != 0:
+            raise ForkError(f"could not install {RUFF} into {path}")
+    return executable
+
+
+def _ruff(cwd: Path, config: Path, files: list[str]) -> list[str]:
+    found = []
+    for args in (["check"], ["format", "--check"]):
+        command = [str(ruff()), *args, "--config", str(config), *files]
+        result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
+        if result.returncode != 0:
+            found.append(
+                f"ruff {' '.join(args)} in {cwd}:\n{result.stdout}{result.stderr}"
+            )
+    return found
+
+
+def our_code() -> list[str]:
+    return _ruff(ROOT, ROOT / "pyproject.toml", OUR_CODE)
+
+
+def queue_problems(base: Base) -> list[str]:
+    tree = materialize.ensure(base)
+    touched = git.out(tree, "diff", "--name-only", "--diff-filter=d", "base", "HEAD")
+    python = [name for name in touched.splitlines() if name.endswith(".py")]
+    found = _ruff(tree, tree / "pyproject.toml", python) if python else []
+    for entry in queue.entries(base):
+        found += [
+            f"patches/{base.name}/{entry.name}: {p}"
+            for p in patch_problems(base.patch_dir / entry.name, entry.subject(base))
+        ]
+    return found
+
+
+def patch_problems(patch: Path, subject: str) -> list[str]:
+    text = patch.read_text()
+    found = []
+    if not SUBJECT.match(subject):
+        found.append(
+            f"subject {subject!r} is not vLLM style ('[Bugfix][Area] Summary')"
+        )
+    message = text.split("\n---\n", 1)[0]
+    if not re.search(r"^Signed-off-by: .+ <.+@.+>$", message, re.MULTILINE):
+        found.append("no Signed-off-by: line (DCO); commit with `git commit -s`")
+    for path, body in _new_files(text):
+        if path.endswith(".py") and SPDX not in "".join(body[:3]):
+            found.append(f"new file {path} lacks the SPDX header")
+    return found
+
+
+def _new_files(text: str) -> list[tuple[str, list[str]]]:
+    files = []
+    for block in text.split("\ndiff --git ")[1:]:
+        if "\nnew file mode" in block.split("@@", 1)[0]:
+            path = block.split(" b/", 1)[1].split("\n", 1)[0]
+            added = [line[1:] for line in block.splitlines() if line.startswith("+")]
+            files.append((path, added[1:]))
+    return files
+
+
+def main(bases: list[Base]) -> int:
+    found = our_code()
+    for base in bases:
+        found += queue_problems(base)
+    for problem in found:
+        print(f"lint: {problem}", file=sys.stderr)
+    if not found:
+        print("lint: clean")
+    return 1 if found else 0

@@ -1,0 +1,125 @@
+"""A miniature upstream release, served from a local wheelhouse, per test."""
+
+import hashlib
+import io
+import platform
+import subprocess
+import tarfile
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from forktools import pins
+
+VERSION = "9.9.9"
+BASE = f"v{VERSION}"
+CORE = "".join(f"def layer_{i}():\n    return {i}\n\n\n" for i in range(20))
+SDIST_FILES = {
+    "vllm/__init__.py": "from vllm._version import __version__\n",
+    "vllm/core.py": CORE,
+    "tests/test_core.py": "def test_layer():\n    pass\n",
+    "pyproject.toml": "[tool.ruff]\nline-length = 88\n",
+    "setup.py": "raise SystemExit('never extracted')\n",
+}
+WHEEL_FILES = {
+    "vllm/__init__.py": SDIST_FILES["vllm/__init__.py"],
+    "vllm/core.py": CORE,
+    "vllm/_version.py": f"__version__ = {VERSION!r}\n",
+    "vllm/_C.abi3.so": "\x7fELF compiled kernels",
+    f"vllm-{VERSION}.dist-info/METADATA": textwrap.dedent(
+        f"""\
+        Metadata-Version: 2.1
+        Name: vllm
+        Version: {VERSION}
+        Requires-Python: >=3.10
+        Requires-Dist: numpy
+        Requires-Dist: six>=1.16.0; python_version > "3.11"
+        Requires-Dist: scipy; extra == "audio"
+        """
+    ),
+    f"vllm-{VERSION}.dist-info/entry_points.txt": (
+        "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n"
+    ),
+}
+
+
+def _sdist(path: Path) -> None:
+    with tarfile.open(path, "w:gz") as archive:
+        for name, text in SDIST_FILES.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-{VERSION}/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+
+
+def _wheel(path: Path) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in WHEEL_FILES.items():
+            archive.writestr(name, text)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Project:
+    """A scratch fork project: pin file, patches/, cache and wheelhouse."""
+
+    def __init__(self, root: Path, index: Path):
+        self.root, self.index = root, index
+        self.sdist = index / f"vllm-{VERSION}.tar.gz"
+        self.wheel = index / f"vllm-{VERSION}-py3-none-manylinux_2_17_{platform.machine()}.whl"
+        _sdist(self.sdist)
+        _wheel(self.wheel)
+        self.pin()
+
+    def pin(self, sdist_sha: str | None = None) -> None:
+        (self.root / "upstream.toml").write_text(
+            textwrap.dedent(
+                f"""\
+                default = "{BASE}"
+                [bases."{BASE}"]
+                version = "{VERSION}"
+                sdist = {{ file = "{self.sdist.name}", sha256 = "{sdist_sha or sha256(self.sdist)}" }}
+                wheels = [{{ file = "{self.wheel.name}", sha256 = "{sha256(self.wheel)}" }}]
+                """
+            )
+        )
+
+    @property
+    def base(self) -> pins.Base:
+        return pins.load().get(BASE)
+
+    @property
+    def tree(self) -> Path:
+        return self.root / ".fork" / "trees" / BASE
+
+    def commit(self, path: str, text: str, message: str) -> None:
+        (self.tree / path).write_text(text)
+        git(self.tree, "add", path)
+        git(self.tree, "commit", "-q", "-s", "-m", message)
+
+
+def git(tree: Path, *args: str) -> str:
+    identity = ["-c", "user.name=Test Author", "-c", "user.email=author@example.com"]
+    return subprocess.run(
+        ["git", "-C", str(tree), *identity, *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Project:
+    root, index = tmp_path / "root", tmp_path / "index"
+    root.mkdir()
+    index.mkdir()
+    monkeypatch.setattr(pins, "ROOT", root)
+    monkeypatch.setenv("VLLM_FORK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.delenv("VLLM_FORK_BASE", raising=False)
+    return Project(root, index)

@@ -1,0 +1,149 @@
+import pytest
+
+from forktools import check, export, materialize, queue
+from forktools.pins import ForkError
+
+from .conftest import BASE, VERSION, git
+
+FIX = "[Bugfix][Core] Make layer 3 return 33"
+
+
+def _fix(project, message=FIX):
+    text = (project.tree / "vllm/core.py").read_text()
+    project.commit("vllm/core.py", text.replace("return 3\n", "return 33\n"), message)
+
+
+def test_tree_holds_sdist_wheel_extras_and_version(project):
+    tree = materialize.ensure(project.base)
+    assert (tree / "vllm/core.py").exists()
+    assert (tree / "tests/test_core.py").exists()
+    assert not (tree / "setup.py").exists()
+    assert (tree / "vllm/_C.abi3.so").read_text() == "\x7fELF compiled kernels"
+    version = materialize.version(project.base)
+    assert version.startswith(f"{VERSION}+fork.")
+    assert repr(version) in (tree / "vllm/_version.py").read_text()
+    assert materialize.unexported(tree) == []
+    assert git(tree, "ls-files", "vllm/_C.abi3.so") == ""
+
+
+def test_select_links_root_to_tree(project):
+    materialize.ensure(project.base)
+    materialize.select(project.base)
+    assert (project.root / "vllm/core.py").read_text() == (
+        project.tree / "vllm/core.py"
+    ).read_text()
+    assert materialize.selected() == BASE
+
+
+def test_export_round_trip_is_byte_identical(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    [name] = export.export(project.base)
+    patch = (project.base.patch_dir / name).read_bytes()
+    assert b"Subject: [PATCH] [Bugfix][Core] Make layer 3 return 33" in patch
+    assert b"Signed-off-by: Test Author <author@example.com>" in patch
+    series = (project.base.patch_dir / "series").read_text()
+    assert f"{name}  # {queue.NOT_UPSTREAM}" in series
+
+    assert export.export(project.base) == [name]
+    assert (project.base.patch_dir / name).read_bytes() == patch
+
+    materialize.build(project.base)
+    assert git(project.tree, "log", "-1", "--format=%s") == f"{FIX}\n"
+    assert export.export(project.base) == [name]
+    assert (project.base.patch_dir / name).read_bytes() == patch
+    assert check.problems(project.base) == []
+
+
+def test_export_keeps_upstream_status(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    [name] = export.export(project.base)
+    series = project.base.patch_dir / "series"
+    series.write_text(series.read_text().replace(queue.NOT_UPSTREAM, "PR 1 (v9.9.10)"))
+    export.export(project.base)
+    assert "# PR 1 (v9.9.10)" in series.read_text()
+
+
+def test_version_follows_the_queue(project):
+    materialize.ensure(project.base)
+    before = materialize.version(project.base)
+    _fix(project)
+    export.export(project.base)
+    after = materialize.version(project.base)
+    assert before != after
+    assert repr(after) in (project.tree / "vllm/_version.py").read_text()
+
+
+def test_unexported_edits_refuse_rebuild_and_lose_nothing(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    export.export(project.base)
+    (project.tree / "vllm/core.py").write_text("edited, not exported\n")
+    (project.base.patch_dir / "series").write_text("")
+    with pytest.raises(ForkError, match="vllm/core.py"):
+        materialize.ensure(project.base)
+    assert (project.tree / "vllm/core.py").read_text() == "edited, not exported\n"
+
+
+def test_unexported_commit_refuses_switch(project):
+    materialize.ensure(project.base)
+    materialize.select(project.base)
+    _fix(project)
+    with pytest.raises(ForkError, match="vllm/core.py"):
+        materialize.select(_other_base(project))
+    assert "return 33" in (project.tree / "vllm/core.py").read_text()
+
+
+def _other_base(project):
+    from dataclasses import replace
+
+    return replace(project.base, name="v0.0.1")
+
+
+def test_export_refuses_uncommitted_changes(project):
+    materialize.ensure(project.base)
+    (project.tree / "vllm/core.py").write_text("uncommitted\n")
+    with pytest.raises(ForkError, match="vllm/core.py"):
+        export.export(project.base)
+
+
+def test_patch_that_no_longer_applies_is_named_with_its_file(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    [name] = export.export(project.base)
+    patch = project.base.patch_dir / name
+    patch.write_text(patch.read_text().replace("return 3\n", "return 3000\n"))
+    with pytest.raises(ForkError) as error:
+        materialize.build(project.base)
+    assert name in str(error.value)
+    assert "vllm/core.py" in str(error.value)
+    assert "return 33" in (project.tree / "vllm/core.py").read_text()
+
+
+def test_check_flags_hand_edited_patch(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    [name] = export.export(project.base)
+    patch = project.base.patch_dir / name
+    patch.write_text(patch.read_text().replace("layer 3", "layer three"))
+    [problem] = check.problems(project.base)
+    assert name in problem
+
+
+def test_check_flags_unexported_edit(project):
+    materialize.ensure(project.base)
+    (project.tree / "vllm/core.py").write_text("edited\n")
+    assert any("vllm/core.py" in p for p in check.problems(project.base))
+
+
+def test_check_flags_patch_that_needs_another(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    text = (project.tree / "vllm/core.py").read_text()
+    project.commit(
+        "vllm/core.py", text.replace("return 33\n", "return 333\n"), "[Bugfix] Again"
+    )
+    names = export.export(project.base)
+    [problem] = check.problems(project.base)
+    assert names[1] in problem and "alone" in problem
