@@ -4,7 +4,7 @@ BASE ?=
 base_arg = $(if $(BASE),--base $(BASE))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check status verify lint test venv
+.PHONY: help fork export check status verify lint test venv pr
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -33,3 +33,6 @@ venv: ## build the per-base test environments (cached)
 
 test: ## everything CI runs: tooling tests, lint, check, verify
 	$(forktools) test $(base_arg)
+
+pr: ## print the upstream PR body for patch number PATCH of BASE
+	$(forktools) pr $(base_arg) --patch $(PATCH)

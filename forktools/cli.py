@@ -72,6 +72,13 @@ def cmd_lint(args) -> int:
     return lint.main(_bases(args))
 
 
+def cmd_pr(args) -> int:
+    from forktools import pr
+
+    print(pr.body(pins.load().get(args.base), args.patch))
+    return 0
+
+
 def cmd_venv(args) -> int:
     from forktools import venv
 
@@ -117,6 +124,7 @@ BASE_HELP = {
     "lint": _ALL,
     "venv": _ALL,
     "test": _ALL,
+    "pr": "a base pinned in upstream.toml (default: upstream.toml's default)",
 }
 
 
@@ -145,6 +153,7 @@ def parser() -> argparse.ArgumentParser:
             cmd_lint,
             "ruff, sign-off, subject and SPDX checks on code and queues",
         ),
+        ("pr", cmd_pr, "print the upstream pull-request body for one patch"),
         ("venv", cmd_venv, "build (if needed) and print each base's test environment"),
         ("test", cmd_test, "everything CI runs: tooling tests, lint, check, verify"),
     ]
@@ -152,6 +161,10 @@ def parser() -> argparse.ArgumentParser:
         command = sub.add_parser(name, help=summary, description=summary)
         command.add_argument("--base", help=BASE_HELP[name])
         command.set_defaults(func=func)
+        if name == "pr":
+            command.add_argument(
+                "--patch", type=int, required=True, help="the patch's number in series"
+            )
     return top
 
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from forktools import git, materialize, queue, venv
@@ -52,6 +52,8 @@ class Row:
     without_fix: Outcome | None
     seconds: float
     problem: str = ""
+    nodeids: list[str] = field(default_factory=list)
+    undone_by: str = ""
 
     @property
     def holds(self) -> bool:
@@ -176,14 +178,14 @@ def verify_base(base: Base) -> list[Row]:
 def _verify_commit(base, entry, commit, python, worktree) -> Row:
     started = time.monotonic()
     nodeids = added_tests(worktree, commit)
-    row = Row(base.name, entry.name, len(nodeids), None, None, 0.0)
+    row = Row(base.name, entry.name, len(nodeids), None, None, 0.0, nodeids=nodeids)
     if not nodeids:
         row.problem = "adds no test functions"
         return row
     print(f"verify: {base.name} {entry.name}: with the fix", file=sys.stderr)
     row.with_fix = run_tests(python, worktree, nodeids)
-    how = without_fix(base, entry, worktree, commit)
-    print(f"verify: {base.name} {entry.name}: without ({how})", file=sys.stderr)
+    row.undone_by = without_fix(base, entry, worktree, commit)
+    print(f"verify: {base.name} {entry.name}: {row.undone_by}", file=sys.stderr)
     row.without_fix = run_tests(python, worktree, nodeids)
     row.seconds = time.monotonic() - started
     row.problem = _judge(row.with_fix, row.without_fix)
@@ -226,7 +228,40 @@ def _ratio(outcome: Outcome | None, field: str) -> str:
     return f"{getattr(outcome, field)}/{outcome.total} {field}"
 
 
+def results_file(base: Base) -> Path:
+    return materialize.tree_dir(base).parent.parent / "verify" / f"{base.name}.json"
+
+
+def _save(base: Base, rows: list[Row]) -> None:
+    path = results_file(base)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows_data = []
+    for row in rows:
+        data = asdict(row)
+        for key in ("with_fix", "without_fix"):
+            if data[key]:
+                data[key]["failure_types"] = sorted(data[key]["failure_types"])
+        rows_data.append(data)
+    data = {"queue": queue.queue_id(base), "rows": rows_data}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def saved_row(base: Base, patch: str) -> dict | None:
+    """The last verify result of ``patch``, if made on the current queue."""
+    path = results_file(base)
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    if data["queue"] != queue.queue_id(base):
+        return None
+    return next((row for row in data["rows"] if row["patch"] == patch), None)
+
+
 def main(bases: list[Base]) -> int:
-    rows = [row for base in bases for row in verify_base(base)]
-    print(table(rows))
+    rows = []
+    for base in bases:
+        base_rows = verify_base(base)
+        _save(base, base_rows)
+        rows += base_rows
+    print(table(rows) if rows else "verify: every queue is empty")
     return 0 if all(row.holds for row in rows) else 1
