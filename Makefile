@@ -4,7 +4,7 @@ BASE ?=
 base_arg = $(if $(BASE),--base $(BASE))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check status verify lint test venv pr
+.PHONY: help fork export check status verify lint test venv pr bench
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -36,3 +36,6 @@ test: ## everything CI runs: tooling tests, lint, check, verify
 
 pr: ## print the upstream PR body for patch number PATCH of BASE
 	$(forktools) pr $(base_arg) --patch $(PATCH)
+
+bench: ## fork vs pristine costs, written to BENCHMARKS.md (VLLM_FORK_BENCH_INSTALL=0: quick)
+	$(forktools) bench $(base_arg)

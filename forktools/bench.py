@@ -6,8 +6,9 @@ machine where absolute times do not. The table goes to stdout and to
 ``BENCHMARKS.md``; each figure's docstring says how it is measured.
 
 Set ``VLLM_FORK_BENCH_INSTALL=0`` to skip the install-time figure (about ten
-minutes and 9 GB of scratch disk), or ``=dry-run`` to exercise it with
-``pip install --dry-run`` (resolution only; not the figure).
+minutes and 9 GB of scratch disk), or ``=dry-run`` to exercise its path with
+``pip install --dry-run`` (resolves and downloads, installs nothing: a check
+of the machinery, not the figure).
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ def run_script(python: Path, tree: Path, name: str, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
-def interleaved(runs: dict[str, Callable[[], dict]], rounds: int) -> dict:
+def interleaved(
+    runs: dict[str, Callable[[], dict]], rounds: int
+) -> dict[str, list[dict]]:
     """Results of each run, alternating their order every round (ABBA...)."""
     names = list(runs)
     results: dict[str, list[dict]] = {name: [] for name in names}
@@ -139,15 +142,16 @@ def lora_mapping(bases: list[Base]) -> list[Row]:
 
     An ``LRUCacheLoRAModelManager`` on CPU with a two-layer dummy model, 4
     slots holding 4 adapters, and a 256-request decode batch. Per-call time
-    of ``set_adapter_mapping`` with an equal mapping and unchanged slots
-    (median of 7 blocks of 20,000 calls per process), fork tree HEAD against
-    a checkout of its ``base`` tag, in separate processes alternating over
-    4 rounds; the ratio is of the medians across rounds, the range that of
-    the rounds' own ratios. Refreshes: calls to the punica wrapper's
-    ``update_metadata`` over 10,000 engine steps that re-activate the running
+    of ``set_adapter_mapping`` with an equal mapping and unchanged slots (the
+    fastest of 7 blocks of 20,000 calls per process, which sheds interference
+    from other load), fork tree HEAD against a checkout of its ``base`` tag,
+    in separate processes alternating over 4 rounds; the ratio is of the
+    medians across rounds, the range that of the rounds' own ratios.
+    Refreshes: calls to the punica wrapper's ``update_metadata`` over 10,000
+    engine steps that re-activate the running
     adapters and map the same batch.
     """
-    cost = "set_adapter_mapping cost per call, fork / pristine"
+    cost = "set_adapter_mapping per call (256-token batch), fork / pristine"
     refreshes = f"punica refreshes over {LORA_STEPS:,} unchanged steps"
     if LORA_BASE not in {base.name for base in bases}:
         why = f"needs base {LORA_BASE}"
@@ -230,7 +234,8 @@ def install_time(bases: list[Base]) -> list[Row]:
     which leaves any warming of the package index to the pristine install.
     """
     figure = "pip install -e . / pip install vllm, wall time"
-    base = pins.load().get(pins.load().default)
+    pinned = pins.load()
+    base = pinned.get(pinned.default)
     mode = os.environ.get(INSTALL_ENV, "1")
     if base.name not in {selected.name for selected in bases}:
         return [_skipped(4, figure, base.name, "<= 1.2", "base not selected")]
@@ -244,6 +249,7 @@ def install_time(bases: list[Base]) -> list[Row]:
     return [Row(4, figure, base.name, measured, "<= 1.2", holds)]
 
 
+# Each figure maps the selected bases to its rows, numbered as in the table.
 # Figures 1 (AOT module-tree key cost) and 2 (warm-start recompiles) go first.
 FIGURES: list[Callable[[list[Base]], list[Row]]] = [lora_mapping, install_time]
 

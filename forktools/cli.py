@@ -72,6 +72,12 @@ def cmd_lint(args) -> int:
     return lint.main(_bases(args))
 
 
+def cmd_bench(args) -> int:
+    from forktools import bench
+
+    return bench.main(_bases(args))
+
+
 def cmd_pr(args) -> int:
     from forktools import pr
 
@@ -124,6 +130,7 @@ BASE_HELP = {
     "lint": _ALL,
     "venv": _ALL,
     "test": _ALL,
+    "bench": _ALL,
     "pr": "a base pinned in upstream.toml (default: upstream.toml's default)",
 }
 
@@ -153,6 +160,7 @@ def parser() -> argparse.ArgumentParser:
             cmd_lint,
             "ruff, sign-off, subject and SPDX checks on code and queues",
         ),
+        ("bench", cmd_bench, "fork vs pristine costs, written to BENCHMARKS.md"),
         ("pr", cmd_pr, "print the upstream pull-request body for one patch"),
         ("venv", cmd_venv, "build (if needed) and print each base's test environment"),
         ("test", cmd_test, "everything CI runs: tooling tests, lint, check, verify"),

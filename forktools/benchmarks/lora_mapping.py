@@ -1,14 +1,15 @@
 """Steady-state cost of ``LoRAModelManager.set_adapter_mapping`` on CPU.
 
-Run with a fork tree of v0.19.1 (or its pristine checkout) on PYTHONPATH and
-``VLLM_TARGET_DEVICE=cpu``. Builds an ``LRUCacheLoRAModelManager`` on a small
+Run in the base's venv with a fork tree of v0.19.1 (or its pristine checkout)
+and ``forktools/harness`` on PYTHONPATH and ``VLLM_TARGET_DEVICE=cpu``, as
+``forktools.bench`` does. Builds an ``LRUCacheLoRAModelManager`` on a small
 dummy model, maps one decode batch, then:
 
 - ``slot_layout_memo``: whether the tree has patch 0003's memo, so that a
   caller can tell the fork from pristine upstream;
 - ``refreshes``: punica ``update_metadata`` calls over ``--steps`` engine
   steps that re-activate the running adapters and map the same batch again;
-- ``seconds_per_call``: the median, over ``--blocks`` timed blocks, of the
+- ``seconds_per_call``: the fastest, over ``--blocks`` timed blocks, of the
   per-call time of ``set_adapter_mapping`` with an equal mapping (a new object
   each call, as the model runner builds one per step) and unchanged slots.
 
@@ -18,7 +19,6 @@ Prints one JSON object on stdout; vLLM's logs and gloo's chatter go to stderr.
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -191,7 +191,7 @@ def main() -> None:
         ]
         cleanup_dist_env_and_memory()
     result = {
-        "seconds_per_call": statistics.median(timings),
+        "seconds_per_call": min(timings),
         "refreshes": refreshes,
         "slot_layout_memo": hasattr(manager, "_last_slot_layout"),
         "steps": args.steps,
