@@ -10,13 +10,14 @@ from forktools.pins import ForkError
 
 
 def _bases(args) -> list[pins.Base]:
-    table = pins.load()
+    pinned = pins.load()
     if getattr(args, "base", None):
-        return [table.get(args.base)]
-    return table.newest_first()
+        return [pinned.get(args.base)]
+    return pinned.newest_first()
 
 
 def cmd_fork(args) -> int:
+    """Materialize the fork tree of a base and link vllm/, tests/ to it."""
     base = pins.load().get(args.base)
     materialize.ensure(base)
     materialize.select(base)
@@ -25,6 +26,7 @@ def cmd_fork(args) -> int:
 
 
 def cmd_export(args) -> int:
+    """Write the tree's commits back into patches/<base>/."""
     base = pins.load().get(args.base or materialize.selected())
     names = export.export(base)
     print(f"patches/{base.name}: {len(names)} patch(es) exported")
@@ -34,6 +36,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_check(args) -> int:
+    """Fail when patches/ and the fork trees disagree."""
     found = [problem for base in _bases(args) for problem in check.problems(base)]
     for problem in found:
         print(f"check: {problem}", file=sys.stderr)
@@ -43,6 +46,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_status(args) -> int:
+    """Table of every queue: base, patch, subject, upstream status."""
     rows = [("base", "#", "patch", "subject", "upstream")]
     for base in _bases(args):
         for number, entry in enumerate(queue.entries(base), 1):
@@ -61,24 +65,28 @@ def cmd_status(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    """Prove each commit's tests fail without it and pass with it."""
     from forktools import verify
 
     return verify.main(_bases(args))
 
 
 def cmd_lint(args) -> int:
+    """Ruff, sign-off, subject and SPDX checks on our code and the queues."""
     from forktools import lint
 
     return lint.main(_bases(args))
 
 
 def cmd_bench(args) -> int:
+    """Fork vs pristine costs, written to BENCHMARKS.md."""
     from forktools import bench
 
     return bench.main(_bases(args))
 
 
 def cmd_pr(args) -> int:
+    """Print the upstream pull-request body for one patch."""
     from forktools import pr
 
     print(pr.body(pins.load().get(args.base), args.patch))
@@ -86,6 +94,7 @@ def cmd_pr(args) -> int:
 
 
 def cmd_venv(args) -> int:
+    """Build (if needed) and print each base's test environment."""
     from forktools import venv
 
     for base in _bases(args):
@@ -119,19 +128,22 @@ def cmd_test(args) -> int:
     return 1 if failed else 0
 
 
-_ALL = "a base pinned in upstream.toml (default: every base)"
-BASE_HELP = {
-    "fork": "a base pinned in upstream.toml (default: $VLLM_FORK_BASE, else "
-    "upstream.toml's default)",
-    "export": "a base pinned in upstream.toml (default: the selected tree's)",
-    "check": _ALL,
-    "status": _ALL,
-    "verify": _ALL,
-    "lint": _ALL,
-    "venv": _ALL,
-    "test": _ALL,
-    "bench": _ALL,
-    "pr": "a base pinned in upstream.toml (default: upstream.toml's default)",
+COMMANDS = {
+    "fork": cmd_fork,
+    "export": cmd_export,
+    "check": cmd_check,
+    "status": cmd_status,
+    "verify": cmd_verify,
+    "lint": cmd_lint,
+    "bench": cmd_bench,
+    "pr": cmd_pr,
+    "venv": cmd_venv,
+    "test": cmd_test,
+}
+BASE_DEFAULT = {
+    "fork": "$VLLM_FORK_BASE, else upstream.toml's default",
+    "export": "the selected tree's",
+    "pr": "$VLLM_FORK_BASE, else upstream.toml's default",
 }
 
 
@@ -141,38 +153,17 @@ def parser() -> argparse.ArgumentParser:
         description="Carry vLLM fork patches as queues on pinned upstream releases.",
     )
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands = [
-        (
-            "fork",
-            cmd_fork,
-            "materialize the fork tree of a base and link vllm/, tests/ to it",
-        ),
-        ("export", cmd_export, "write the tree's commits back into patches/<base>/"),
-        ("check", cmd_check, "fail when patches/ and the fork trees disagree"),
-        ("status", cmd_status, "table of every queue: base, patch, subject, upstream"),
-        (
-            "verify",
-            cmd_verify,
-            "prove each commit's tests fail without it, pass with it",
-        ),
-        (
-            "lint",
-            cmd_lint,
-            "ruff, sign-off, subject and SPDX checks on code and queues",
-        ),
-        ("bench", cmd_bench, "fork vs pristine costs, written to BENCHMARKS.md"),
-        ("pr", cmd_pr, "print the upstream pull-request body for one patch"),
-        ("venv", cmd_venv, "build (if needed) and print each base's test environment"),
-        ("test", cmd_test, "everything CI runs: tooling tests, lint, check, verify"),
-    ]
-    for name, func, summary in commands:
+    for name, func in COMMANDS.items():
+        summary = func.__doc__.splitlines()[0]
         command = sub.add_parser(name, help=summary, description=summary)
-        command.add_argument("--base", help=BASE_HELP[name])
+        default = BASE_DEFAULT.get(name, "every base")
+        command.add_argument(
+            "--base", help=f"a base pinned in upstream.toml (default: {default})"
+        )
         command.set_defaults(func=func)
-        if name == "pr":
-            command.add_argument(
-                "--patch", type=int, required=True, help="the patch's number in series"
-            )
+    sub.choices["pr"].add_argument(
+        "--patch", type=int, required=True, help="the patch's number in series"
+    )
     return top
 
 
