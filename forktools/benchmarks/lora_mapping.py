@@ -30,7 +30,6 @@ os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 import torch
 from torch import nn
-
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.config.lora import LoRAConfig
 from vllm.distributed import (
