@@ -38,6 +38,10 @@ INSTALL_ENV = "VLLM_FORK_BENCH_INSTALL"
 LORA_BASE = "v0.19.1"
 LORA_ROUNDS = 4
 LORA_STEPS = 10_000
+AOT_KEY_ROUNDS = 6
+AOT_KEY_LAYERS = 128
+AOT_KEY_TREES = {"plain": "", "lora": ", LoRA-wrapped linears"}
+AOT_WARM_RUNS = 3
 HEADER = ("#", "figure", "base", "measured", "goal", "holds")
 
 
@@ -75,13 +79,16 @@ def checkout(tree: Path, revision: str):
         yield path
 
 
-def run_script(python: Path, tree: Path, name: str, *args: str) -> dict:
+def run_script(
+    python: Path, tree: Path, name: str, *args: str, extra_env: dict | None = None
+) -> dict:
     """Run ``forktools/benchmarks/<name>.py`` against ``tree``; its JSON result."""
     env = dict(
         os.environ,
         VLLM_TARGET_DEVICE="cpu",
         PYTHONPATH=os.pathsep.join([str(tree), str(verify.HARNESS)]),
         HF_HUB_OFFLINE="1",
+        **(extra_env or {}),
     )
     script = BENCHMARKS / f"{name}.py"
     result = subprocess.run(
@@ -111,6 +118,176 @@ def interleaved(
             _progress(f"round {round_number + 1}/{rounds}: {name}")
             results[name].append(runs[name]())
     return results
+
+
+def aot_key_runs(base: Base) -> list[dict]:
+    """``aot_key_cost`` results of the fork tree, one fresh process a round."""
+    tree = materialize.ensure(base)
+    python = venv.ensure(base)
+    trees = list(AOT_KEY_TREES)
+    results = []
+    with checkout(tree, "HEAD") as fork:
+        for round_number in range(AOT_KEY_ROUNDS):
+            order = trees if round_number % 2 == 0 else trees[::-1]
+            _progress(f"{base.name} AOT key, round {round_number + 1}/{AOT_KEY_ROUNDS}")
+            args = ("--layers", str(AOT_KEY_LAYERS), "--trees", ",".join(order))
+            results.append(run_script(python, fork, "aot_key_cost", *args))
+    return results
+
+
+def _milliseconds(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+def aot_key_row(base: Base, tree: str, results: list[dict]) -> Row:
+    existing_first = statistics.median(r["existing_first"] for r in results)
+    existing_cached = statistics.median(r["existing_cached"] for r in results)
+    digest_first = statistics.median(r["digest_first"][tree] for r in results)
+    digest_cached = statistics.median(r["digest_cached"][tree] for r in results)
+    ratio = digest_first / existing_first
+    modules = results[0]["modules"][tree]
+    figure = (
+        f"module-tree key factor / existing AOT key, per compile "
+        f"({AOT_KEY_LAYERS} layers, {modules:,} modules{AOT_KEY_TREES[tree]})"
+    )
+    measured = (
+        f"{ratio:.3f} ({_milliseconds(digest_first)} / "
+        f"{_milliseconds(existing_first)}; cached calls "
+        f"{digest_cached / existing_cached:.2f}: {_milliseconds(digest_cached)} / "
+        f"{_milliseconds(existing_cached)})"
+    )
+    if not results[0]["inductor_factors"]:
+        # The goal is set against a key that includes the inductor factors;
+        # without them (mega artifact off, torch < 2.12) the key is a few
+        # milliseconds and any walk of the tree is of the same order.
+        holds = f"n/a: no inductor factors in this key; +{_milliseconds(digest_first)}"
+        return Row(1, figure, base.name, measured, "<= 0.10", holds)
+    return Row(1, figure, base.name, measured, "<= 0.10", _verdict(ratio <= 0.10))
+
+
+def aot_key_cost(bases: list[Base]) -> list[Row]:
+    """``module_tree_digest`` against the AOT key factors computed before it.
+
+    A 128-layer decoder-shaped tree of plain ``nn.Module``s on the meta device
+    (embedding; per layer two norms, qkv/o projections, a parameterless
+    attention module, gate_up/down projections; final norm, lm_head), and the
+    same tree with every linear of its layers wrapped as ``base_layer`` of a
+    module holding ``lora_a``/``lora_b``. In each of 6 fresh processes of the
+    fork tree, in ``_support_torch_compile``'s order: first
+    ``aot_compile_hash_factors(vllm_config)`` plus ``_model_hash_key(forward)``
+    (first call in the process, as a compile pays it; the inductor factors
+    enter it where ``VLLM_USE_MEGA_AOT_ARTIFACT`` is on, the default with torch
+    2.12+), then the digest of each tree, then 50 cached calls of each; the
+    tree digested first alternates by round. The ratio is of medians across
+    processes of the first calls; the cached-call ratio is beside it.
+    """
+    rows = []
+    for base in bases:
+        results = aot_key_runs(base)
+        rows += [aot_key_row(base, tree, results) for tree in AOT_KEY_TREES]
+    return rows
+
+
+def aot_warm_start_runs(base: Base) -> dict[str, list[dict]]:
+    """``aot_warm_start`` warm runs of the fork and pristine, after a cold one."""
+    tree = materialize.ensure(base)
+    python = venv.ensure(base)
+    with (
+        checkout(tree, "HEAD") as fork,
+        checkout(tree, "base") as pristine,
+        tempfile.TemporaryDirectory(prefix="vllm-fork-bench-aot-") as tmp,
+    ):
+        checkouts = {"fork": fork, "pristine": pristine}
+        runs = {
+            name: _aot_run(python, checkout_dir, Path(tmp) / name)
+            for name, checkout_dir in checkouts.items()
+        }
+        for name, run in runs.items():
+            _progress(f"{base.name} AOT cold start: {name}")
+            _expect_cold_compile(base, name, run())
+        _progress(f"{base.name} AOT warm starts")
+        warm = interleaved(runs, AOT_WARM_RUNS)
+    has_check = {
+        name: {r["has_check"] for r in results} for name, results in warm.items()
+    }
+    if has_check != {"fork": {True}, "pristine": {False}}:
+        raise ForkError(
+            f"{base.name}: expected the AOT load check in the fork tree only, "
+            f"found it as {has_check}; is the module-tree AOT patch in the queue?"
+        )
+    return warm
+
+
+def _aot_run(python: Path, tree: Path, cache_root: Path) -> Callable[[], dict]:
+    cache_env = {"VLLM_CACHE_ROOT": str(cache_root)}
+    return lambda: run_script(python, tree, "aot_warm_start", extra_env=cache_env)
+
+
+def _expect_cold_compile(base: Base, name: str, result: dict) -> None:
+    if result["aot_artifacts_saved"] != 1 or not result["correct"]:
+        raise ForkError(
+            f"{base.name} ({name}): the cold run did not save one correct AOT "
+            f"artifact: {result}"
+        )
+
+
+def warm_recompiles_row(base: Base, warm: dict[str, list[dict]]) -> Row:
+    recompiles = {name: sum(r["aot_compiles"] for r in warm[name]) for name in warm}
+    wrong = [name for name in warm if not all(r["correct"] for r in warm[name])]
+    measured = f"{recompiles['fork']} (pristine: {recompiles['pristine']})"
+    if wrong:
+        measured += f"; wrong output: {', '.join(wrong)}"
+    figure = f"AOT recompiles over {AOT_WARM_RUNS} warm starts, same tree"
+    holds = _verdict(recompiles["fork"] == 0 and not wrong)
+    return Row(2, figure, base.name, measured, "0", holds)
+
+
+def _median_load(results: list[dict]) -> float:
+    return statistics.median(r["load_seconds"] for r in results)
+
+
+def load_check_share_row(base: Base, warm: dict[str, list[dict]]) -> Row:
+    figure = "load check / AOT artifact load, warm start"
+    loads = {name: [r for r in warm[name] if r["loaded_from_disk"]] for name in warm}
+    if not loads["fork"]:
+        return Row(2, figure, base.name, "no warm load", "<= 0.02", "NO")
+    fork = loads["fork"]
+    share = statistics.median(r["check_seconds"] / r["load_seconds"] for r in fork)
+    check = statistics.median(r["check_seconds"] for r in fork)
+    fork_load = _median_load(fork)
+    details = [f"{_milliseconds(check)} / {_milliseconds(fork_load)}"]
+    if loads["pristine"]:
+        pristine_load = _median_load(loads["pristine"])
+        details.append(
+            f"load fork / pristine {fork_load / pristine_load:.2f}, "
+            f"pristine {_milliseconds(pristine_load)}"
+        )
+    measured = f"{share:.3f} ({'; '.join(details)})"
+    return Row(2, figure, base.name, measured, "<= 0.02", _verdict(share <= 0.02))
+
+
+def aot_warm_start(bases: list[Base]) -> list[Row]:
+    """A second process with the same tree and ``VLLM_CACHE_ROOT`` loads warm.
+
+    A real AOT save/load round trip on CPU: 16 blocks of
+    ``ColumnParallelLinear``/``RowParallelLinear``, every other up projection
+    wrapped by vLLM's LoRA layer, ``VLLM_USE_AOT_COMPILE=1``, with benchmark-only
+    shims (``VLLM_COMPILE`` restored after the CPU platform downgrades it,
+    ``compile_sizes=[]``, the split graph run by ``EagerAdaptor``, the mega
+    artifact off, a one-process gloo group). Per base, a cold run of the fork
+    tree and of its pristine ``base`` checkout each fills its own cache, then
+    3 warm runs of each in fresh processes, alternating. Recompiles:
+    ``compilation_counter.num_aot_compiles`` summed over the warm runs.
+    Share: the time of ``_check_module_state_resolves`` within the
+    ``_try_load_aot_compiled_fn`` call that loaded the artifact, median over
+    the fork's warm runs; beside it the fork's load time against pristine's,
+    which has no check.
+    """
+    rows = []
+    for base in bases:
+        warm = aot_warm_start_runs(base)
+        rows += [warm_recompiles_row(base, warm), load_check_share_row(base, warm)]
+    return rows
 
 
 def lora_mapping_runs(base: Base) -> dict[str, list[dict]]:
@@ -250,8 +427,12 @@ def install_time(bases: list[Base]) -> list[Row]:
 
 
 # Each figure maps the selected bases to its rows, numbered as in the table.
-# Figures 1 (AOT module-tree key cost) and 2 (warm-start recompiles) go first.
-FIGURES: list[Callable[[list[Base]], list[Row]]] = [lora_mapping, install_time]
+FIGURES: list[Callable[[list[Base]], list[Row]]] = [
+    aot_key_cost,
+    aot_warm_start,
+    lora_mapping,
+    install_time,
+]
 
 
 def _cells(row: Row) -> tuple[str, ...]:
