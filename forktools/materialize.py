@@ -120,7 +120,10 @@ def _extract_sdist(sdist: Path, dest: Path) -> None:
             if inner.startswith(SDIST_PARTS[:2]) or inner == SDIST_PARTS[2]:
                 member.name = inner
                 members.append(member)
-        archive.extractall(dest, members=members, filter="data")
+        # The "data" filter (Python 3.12, backported to 3.10.12/3.11.4) refuses
+        # links and paths that would escape dest.
+        safety = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        archive.extractall(dest, members=members, **safety)
 
 
 def _commit_base(base: Base, tree: Path) -> None:
