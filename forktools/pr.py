@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import email
-import email.policy
-
 from forktools import queue, verify
 from forktools.pins import Base, ForkError
 
@@ -14,10 +11,7 @@ def body(base: Base, number: int) -> str:
     if not 1 <= number <= len(entries):
         raise ForkError(f"patches/{base.name} has {len(entries)} patches, no #{number}")
     entry = entries[number - 1]
-    message = email.message_from_bytes(
-        (base.patch_dir / entry.name).read_bytes(), policy=email.policy.default
-    )
-    text = message.get_content().split("\n---\n", 1)[0]
+    text = entry.message(base).get_content().split("\n---\n", 1)[0]
     purpose = "\n".join(
         line
         for line in text.strip().splitlines()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email
+import email.message
 import email.policy
 import hashlib
 import re
@@ -38,12 +39,14 @@ class Entry:
     name: str
     status: str
 
+    def message(self, base: Base) -> email.message.EmailMessage:
+        """The patch as the mail ``git format-patch`` wrote."""
+        data = (base.patch_dir / self.name).read_bytes()
+        return email.message_from_bytes(data, policy=email.policy.default)
+
     def subject(self, base: Base) -> str:
-        path = base.patch_dir / self.name
-        message = email.message_from_bytes(
-            path.read_bytes(), policy=email.policy.default
-        )
-        return re.sub(r"^\[PATCH[^\]]*\]\s*", "", str(message["Subject"]))
+        subject = str(self.message(base)["Subject"])
+        return re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
 
 
 def entries(base: Base) -> list[Entry]:
