@@ -207,15 +207,20 @@ def aot_warm_start_runs(base: Base) -> dict[str, list[dict]]:
             _expect_cold_compile(base, name, run())
         _progress(f"{base.name} AOT warm starts")
         warm = interleaved(runs, AOT_WARM_RUNS)
-    has_check = {
-        name: {r["has_check"] for r in results} for name, results in warm.items()
-    }
-    if has_check != {"fork": {True}, "pristine": {False}}:
-        raise ForkError(
-            f"{base.name}: expected the AOT load check in the fork tree only, "
-            f"found it as {has_check}; is the module-tree AOT patch in the queue?"
-        )
+    _expect_fork_only(base, warm, "has_check", "the AOT load check")
     return warm
+
+
+def _expect_fork_only(
+    base: Base, results: dict[str, list[dict]], flag: str, what: str
+) -> None:
+    """Fail unless ``flag`` is set in every fork run and in no pristine one."""
+    seen = {name: {run[flag] for run in runs} for name, runs in results.items()}
+    if seen != {"fork": {True}, "pristine": {False}}:
+        raise ForkError(
+            f"{base.name}: expected {what} in the fork tree only, found it as "
+            f"{seen}; is its patch still in the queue?"
+        )
 
 
 def _aot_run(python: Path, tree: Path, cache_root: Path) -> Callable[[], dict]:
@@ -303,14 +308,7 @@ def lora_mapping_runs(base: Base) -> dict[str, list[dict]]:
             },
             LORA_ROUNDS,
         )
-    memo = {
-        name: {r["slot_layout_memo"] for r in runs} for name, runs in results.items()
-    }
-    if memo != {"fork": {True}, "pristine": {False}}:
-        raise ForkError(
-            f"{base.name}: expected the slot-layout memo in the fork tree only, "
-            f"found it as {memo}; is patch 0003 still in the queue?"
-        )
+    _expect_fork_only(base, results, "slot_layout_memo", "the slot-layout memo")
     return results
 
 

@@ -40,6 +40,7 @@ os.environ.update(
 import torch
 import vllm.compilation.backends as compilation_backends
 import vllm.compilation.decorators as compilation_decorators
+from script_io import stdout_to_stderr
 from torch import nn
 from vllm.compilation.compiler_interface import EagerAdaptor
 from vllm.compilation.counter import compilation_counter
@@ -208,20 +209,6 @@ def parse_args() -> argparse.Namespace:
     if "VLLM_CACHE_ROOT" not in os.environ:
         parser.error("set VLLM_CACHE_ROOT to the compile cache of the runs")
     return args
-
-
-@contextmanager
-def stdout_to_stderr():
-    """Send what native code prints to fd 1 to stderr, keeping stdout for JSON."""
-    sys.stdout.flush()
-    saved_stdout = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved_stdout, 1)
-        os.close(saved_stdout)
 
 
 def main() -> None:

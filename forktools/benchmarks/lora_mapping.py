@@ -23,12 +23,12 @@ import sys
 import tempfile
 import time
 from collections import OrderedDict
-from contextlib import contextmanager
 from unittest.mock import MagicMock
 
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 import torch
+from script_io import stdout_to_stderr
 from torch import nn
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.config.lora import LoRAConfig
@@ -154,20 +154,6 @@ def seconds_per_call(manager, lora_ids: list[int], calls: int) -> float:
     for mapping in mappings:
         set_adapter_mapping(mapping)
     return (time.perf_counter() - started) / calls
-
-
-@contextmanager
-def stdout_to_stderr():
-    """Send what native code prints to fd 1 to stderr, keeping stdout for JSON."""
-    sys.stdout.flush()
-    saved_stdout = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved_stdout, 1)
-        os.close(saved_stdout)
 
 
 def main() -> None:
