@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from unittest.mock import patch
@@ -40,7 +39,7 @@ os.environ.update(
 import torch
 import vllm.compilation.backends as compilation_backends
 import vllm.compilation.decorators as compilation_decorators
-from script_io import stdout_to_stderr
+from script_io import single_process_group, stdout_to_stderr
 from torch import nn
 from vllm.compilation.compiler_interface import EagerAdaptor
 from vllm.compilation.counter import compilation_counter
@@ -52,11 +51,6 @@ from vllm.config import (
     LoRAConfig,
     VllmConfig,
     set_current_vllm_config,
-)
-from vllm.distributed import (
-    cleanup_dist_env_and_memory,
-    init_distributed_environment,
-    initialize_model_parallel,
 )
 from vllm.forward_context import set_forward_context
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
@@ -120,24 +114,6 @@ def compile_config() -> VllmConfig:
     vllm_config.compilation_config.mode = CompilationMode.VLLM_COMPILE
     vllm_config.compilation_config.compile_sizes = []
     return vllm_config
-
-
-@contextmanager
-def single_process_group():
-    with tempfile.TemporaryDirectory() as tmp:
-        with set_current_vllm_config(VllmConfig()):
-            init_distributed_environment(
-                world_size=1,
-                rank=0,
-                distributed_init_method=f"file://{os.path.join(tmp, 'dist-init')}",
-                local_rank=0,
-                backend="gloo",
-            )
-            initialize_model_parallel(1, 1)
-        try:
-            yield
-        finally:
-            cleanup_dist_env_and_memory()
 
 
 def wrap_with_lora(block: Block) -> None:

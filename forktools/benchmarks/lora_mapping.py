@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from collections import OrderedDict
 from unittest.mock import MagicMock
@@ -28,15 +27,10 @@ from unittest.mock import MagicMock
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 import torch
-from script_io import stdout_to_stderr
+from script_io import single_process_group, stdout_to_stderr
 from torch import nn
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.config.lora import LoRAConfig
-from vllm.distributed import (
-    cleanup_dist_env_and_memory,
-    init_distributed_environment,
-    initialize_model_parallel,
-)
 from vllm.lora.lora_model import LoRAModel
 from vllm.lora.lora_weights import LoRALayerWeights
 from vllm.lora.model_manager import (
@@ -64,17 +58,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=20_000, help="calls per block")
     parser.add_argument("--blocks", type=int, default=7, help="timed blocks")
     return parser.parse_args()
-
-
-def init_single_process_group(init_file: str) -> None:
-    init_distributed_environment(
-        world_size=1,
-        rank=0,
-        distributed_init_method=f"file://{init_file}",
-        local_rank=0,
-        backend="gloo",
-    )
-    initialize_model_parallel(1, 1)
 
 
 def dummy_model() -> DummyLoRAModel:
@@ -160,10 +143,9 @@ def main() -> None:
     args = parse_args()
     with (
         stdout_to_stderr(),
-        tempfile.TemporaryDirectory() as tmp,
+        single_process_group(),
         set_current_vllm_config(VllmConfig()),
     ):
-        init_single_process_group(os.path.join(tmp, "dist-init"))
         model = dummy_model()
         manager = lru_manager(model, args.batch, args.max_loras)
         for lora_id in range(1, args.max_loras + 1):
@@ -174,7 +156,6 @@ def main() -> None:
         timings = [
             seconds_per_call(manager, lora_ids, args.calls) for _ in range(args.blocks)
         ]
-        cleanup_dist_env_and_memory()
     result = {
         "seconds_per_call": min(timings),
         "refreshes": refreshes,
