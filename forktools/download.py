@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from forktools.pins import Artifact, ForkError, sha256_of
@@ -74,6 +75,79 @@ def find_url(filename: str) -> str:
         f"{filename} is not offered by any configured package index or "
         "--find-links location; check your pip configuration (pip config list)"
     )
+
+
+ARCHES = ("x86_64", "aarch64")
+_MANYLINUX = range(17, 41)  # glibc 2.17 (manylinux2014) .. 2.40
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A file an index offers, with the sha256 it publishes (None if it does not)."""
+
+    file: str
+    url: str
+    published_sha256: str | None
+
+
+def offers(project: str, version: str) -> list[Offer]:
+    """The sdist and Linux x86_64/aarch64 wheels of ``project`` ``version``.
+
+    Wheels are looked up for every manylinux platform of both architectures,
+    not only for this machine, so that all pins come from one query.
+    """
+    from pip._internal.commands import create_command
+    from pip._internal.models.target_python import TargetPython
+
+    platforms = [
+        f"manylinux_2_{minor}_{arch}" for arch in ARCHES for minor in _MANYLINUX
+    ]
+    command = create_command("download")
+    options, _ = command.parse_args(["--no-deps", project])
+    with command.main_context():
+        session = command.get_default_session(options)
+        finder = command._build_package_finder(
+            options=options,
+            session=session,
+            target_python=TargetPython(platforms=platforms),
+            ignore_requires_python=True,
+        )
+        found = {
+            c.link.filename: Offer(
+                c.link.filename,
+                c.link.url,
+                c.link.hash if c.link.hash_name == "sha256" else None,
+            )
+            for c in finder.find_all_candidates(project)
+            if str(c.version) == version
+        }
+    return sorted(found.values(), key=lambda offer: offer.file)
+
+
+def fetch_offer(offer: Offer) -> Path:
+    """Download ``offer`` into the cache, checked against the published sha256.
+
+    Used to pin a new release: the pinned sha256 is then computed from the
+    returned file. A mismatch with what the index publishes keeps nothing.
+    """
+    target = cache_dir() / "downloads" / offer.file
+    if target.exists() and offer.published_sha256 in (None, sha256_of(target)):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
+    try:
+        _download(offer.url, partial)
+        actual = sha256_of(partial)
+        if offer.published_sha256 not in (None, actual):
+            raise ForkError(
+                f"sha256 mismatch for {offer.file}: the index publishes "
+                f"{offer.published_sha256}, the downloaded file has {actual}. "
+                "Nothing was pinned. Check your package index or wheelhouse."
+            )
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return target
 
 
 def _download(url: str, dest: Path) -> None:
