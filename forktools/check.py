@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -45,17 +44,11 @@ def _round_trip(base: Base, tree: Path) -> list[str]:
 def _applies_alone(base: Base, tree: Path) -> list[str]:
     """Each patch must apply on the pristine base by itself."""
     found = []
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        git.run(tree, "read-tree", "base", env=env)
-        for entry in queue.entries(base):
-            patch = base.patch_dir / entry.name
-            result = git.run(
-                tree, "apply", "--cached", "--check", str(patch), check=False, env=env
+    for entry in queue.entries(base):
+        result = git.apply_check(tree, "base", base.patch_dir / entry.name)
+        if result.returncode != 0:
+            found.append(
+                f"patches/{base.name}/{entry.name}: does not apply alone on "
+                f"pristine {base.version}: {result.stderr.strip()}"
             )
-            if result.returncode != 0:
-                found.append(
-                    f"patches/{base.name}/{entry.name}: does not apply alone on "
-                    f"pristine {base.version}: {result.stderr.strip()}"
-                )
     return found

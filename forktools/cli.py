@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from forktools import check, export, materialize, pins, queue, table
+from forktools import check, export, materialize, pins
 from forktools.pins import ForkError
 
 
@@ -46,22 +46,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_status(args) -> int:
-    """Table of every queue: base, patch, subject, upstream status."""
-    rows = [("base", "#", "patch", "subject", "upstream")]
-    for base in _bases(args):
-        for number, entry in enumerate(queue.entries(base), 1):
-            rows.append(
-                (base.name, str(number), entry.name, entry.subject(base), entry.status)
-            )
-        if not queue.entries(base):
-            rows.append((base.name, "-", "(empty queue)", "", ""))
-    print(table.render(rows))
-    current = materialize.selected()
-    if current:
-        print(
-            f"\nselected: {current} ({materialize.version(pins.load().get(current))})"
-        )
-    return 0
+    """Table of every queue: patch, upstream status, which newer releases hold it."""
+    from forktools import status
+
+    return status.main(_bases(args))
 
 
 def cmd_verify(args) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 from forktools.pins import ForkError
@@ -53,3 +54,23 @@ def run(
 
 def out(tree: Path, *args: str) -> str:
     return run(tree, *args).stdout.strip()
+
+
+def apply_check(
+    tree: Path, rev: str, patch: Path, *, reverse: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``git apply --check`` of ``patch`` on ``rev``'s tree, leaving HEAD alone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        run(tree, "read-tree", rev, env=env)
+        flags = ["--reverse"] if reverse else []
+        return run(
+            tree,
+            "apply",
+            "--cached",
+            "--check",
+            *flags,
+            str(patch),
+            check=False,
+            env=env,
+        )

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forktools import download, git, materialize, queue
+from forktools import download, git, materialize, queue, upstream
 from forktools.pins import ROOT, Base, ForkError
 
 RUFF = "ruff==0.14.0"  # upstream's pre-commit pin on both bases
@@ -68,9 +68,13 @@ def patch_problems(patch: Path, subject: str) -> list[str]:
         found.append(
             f"subject {subject!r} is not vLLM style ('[Bugfix][Area] Summary')"
         )
-    message = text.split("\n---\n", 1)[0]
+    message = upstream.message_of(text)
     if not re.search(r"^Signed-off-by: .+ <.+@.+>$", message, re.MULTILINE):
         found.append("no Signed-off-by: line (DCO); commit with `git commit -s`")
+    try:
+        upstream.read(message)
+    except upstream.StatusError as e:
+        found.append(str(e))
     for path, body in _new_files(text):
         if path.endswith(".py") and SPDX not in "".join(body[:3]):
             found.append(f"new file {path} lacks the SPDX header")

@@ -69,7 +69,11 @@ class Pins:
 
 
 def _version_key(base: Base) -> tuple[int, ...]:
-    return tuple(int(part) for part in base.version.split("."))
+    return version_key(base.version)
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
 
 
 def _artifact(entry: dict) -> Artifact:

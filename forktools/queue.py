@@ -11,14 +11,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import git
+from forktools import git, upstream
 from forktools.pins import Base, ForkError
 
 SERIES_HEADER = """\
 # Patch queue for vLLM {base}, applied in order with
-# `git am --keep-non-patch`. After each patch, its upstream status.
+# `git am --keep-non-patch`. After each patch, a copy of its Upstream-Status
+# trailer, written by `make export`; the tools read the patch, not this.
 """
-NOT_UPSTREAM = "not upstream"
+NO_STATUS = "(no Upstream-Status trailer)"
 FORMAT_PATCH = (
     "format-patch",
     "--zero-commit",
@@ -37,7 +38,6 @@ _AM_FAILURE = re.compile(
 @dataclass(frozen=True)
 class Entry:
     name: str
-    status: str
 
     def message(self, base: Base) -> email.message.EmailMessage:
         """The patch as the mail ``git format-patch`` wrote."""
@@ -48,6 +48,13 @@ class Entry:
         subject = str(self.message(base)["Subject"])
         return re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
 
+    def upstream_status(self, base: Base) -> upstream.Status:
+        """The patch's Upstream-Status trailer; `upstream.StatusError` if bad."""
+        return upstream.read(upstream.message_of(self.text(base)))
+
+    def text(self, base: Base) -> str:
+        return (base.patch_dir / self.name).read_text()
+
 
 def entries(base: Base) -> list[Entry]:
     series = base.patch_dir / "series"
@@ -55,13 +62,12 @@ def entries(base: Base) -> list[Entry]:
         return []
     result = []
     for number, line in enumerate(series.read_text().splitlines(), 1):
-        name, _, status = line.partition("#")
-        name, status = name.strip(), status.strip()
+        name = line.partition("#")[0].strip()
         if not name:
             continue
         if not (base.patch_dir / name).is_file():
             raise ForkError(f"{series}:{number}: {name} is listed but missing")
-        result.append(Entry(name, status or NOT_UPSTREAM))
+        result.append(Entry(name))
     return result
 
 
@@ -112,13 +118,15 @@ def export_to(tree: Path, since: str, dest: Path) -> list[Path]:
     return [Path(line) for line in names.splitlines()]
 
 
-def _slug(name: str) -> str:
-    return name.split("-", 1)[1] if "-" in name else name
+def _series_comment(patch: Path) -> str:
+    try:
+        return str(upstream.read(upstream.message_of(patch.read_text())))
+    except upstream.StatusError:
+        return NO_STATUS
 
 
 def write(base: Base, tree: Path, since: str) -> list[str]:
-    """Replace the queue with the tree's commits; keep statuses by subject."""
-    statuses = {_slug(e.name): e.status for e in entries(base)}
+    """Replace the queue with the tree's commits."""
     with tempfile.TemporaryDirectory() as tmp:
         patches = export_to(tree, since, Path(tmp))
         base.patch_dir.mkdir(parents=True, exist_ok=True)
@@ -127,7 +135,6 @@ def write(base: Base, tree: Path, since: str) -> list[str]:
         lines = [SERIES_HEADER.format(base=base.version)]
         for patch in patches:
             (base.patch_dir / patch.name).write_bytes(patch.read_bytes())
-            status = statuses.get(_slug(patch.name), NOT_UPSTREAM)
-            lines.append(f"{patch.name}  # {status}\n")
+            lines.append(f"{patch.name}  # {_series_comment(patch)}\n")
     (base.patch_dir / "series").write_text("".join(lines))
     return [p.name for p in patches]

@@ -1,4 +1,9 @@
+import pytest
+
 from forktools import export, lint, materialize, queue
+
+SIGNED = "Signed-off-by: A <a@example.com>"
+STATUS = "Upstream-Status: Backport [PR 40627, first released in v0.20.0]"
 
 
 def _one_patch(project, message):
@@ -17,26 +22,58 @@ def _one_patch(project, message):
 
 
 def test_signed_vllm_style_patch_is_clean(project):
-    message = "[Bugfix][Core] Fix it\n\nSigned-off-by: A <a@example.com>"
+    message = f"[Bugfix][Core] Fix it\n\n{STATUS}\n{SIGNED}"
     patch, subject = _one_patch(project, message)
     assert lint.patch_problems(patch, subject) == []
 
 
 def test_patch_without_sign_off_fails(project):
-    patch, subject = _one_patch(project, "[Bugfix][Core] Fix it")
+    patch, subject = _one_patch(project, f"[Bugfix][Core] Fix it\n\n{STATUS}")
     [problem] = lint.patch_problems(patch, subject)
     assert "Signed-off-by" in problem
 
 
 def test_patch_with_plain_subject_fails(project):
-    patch, subject = _one_patch(project, "fix it\n\nSigned-off-by: A <a@example.com>")
+    patch, subject = _one_patch(project, f"fix it\n\n{STATUS}\n{SIGNED}")
     [problem] = lint.patch_problems(patch, subject)
     assert "vLLM style" in problem
 
 
 def test_new_python_file_needs_spdx(project):
-    message = "[Bugfix][Core] Fix it\n\nSigned-off-by: A <a@example.com>"
+    message = f"[Bugfix][Core] Fix it\n\n{STATUS}\n{SIGNED}"
     patch, subject = _one_patch(project, message)
     patch.write_text(patch.read_text().replace("+# SPDX-License-Identifier", "+# Lic"))
     [problem] = lint.patch_problems(patch, subject)
     assert "vllm/new.py" in problem
+
+
+@pytest.mark.parametrize(
+    ("trailers", "says"),
+    [
+        ("", "no Upstream-Status: trailer"),
+        ("Upstream-Status: Backport PR 1", "malformed Upstream-Status"),
+        ("Upstream-Status: Merged [PR 1]", "unknown Upstream-Status kind 'Merged'"),
+        ("Upstream-Status: Backport [PR 1]", "must name PR <n>, first released in"),
+        ("Upstream-Status: Test-only [no test]", "must name fix in PR <n>"),
+        (f"{STATUS}\n{STATUS}", "2 Upstream-Status: trailers"),
+    ],
+)
+def test_missing_or_malformed_upstream_status_fails(project, trailers, says):
+    message = f"[Bugfix][Core] Fix it\n\n{trailers}\n{SIGNED}".replace("\n\n\n", "\n\n")
+    patch, subject = _one_patch(project, message)
+    [problem] = lint.patch_problems(patch, subject)
+    assert says in problem
+
+
+def test_upstream_status_in_the_body_is_not_a_trailer(project):
+    message = f"[Bugfix][Core] Fix it\n\n{STATUS}\n\nMore words.\n\n{SIGNED}"
+    patch, subject = _one_patch(project, message)
+    [problem] = lint.patch_problems(patch, subject)
+    assert "in the body, not in the closing trailer block" in problem
+
+
+def test_lint_names_the_patch_without_status(project, monkeypatch):
+    patch, _ = _one_patch(project, f"[Bugfix][Core] Fix it\n\n{SIGNED}")
+    monkeypatch.setattr(lint, "_ruff", lambda *args: [])
+    [problem] = lint.queue_problems(project.base)
+    assert problem.startswith(f"patches/{project.base.name}/{patch.name}: no Upstream")

@@ -43,7 +43,7 @@ def test_export_round_trip_is_byte_identical(project):
     assert b"Subject: [PATCH] [Bugfix][Core] Make layer 3 return 33" in patch
     assert b"Signed-off-by: Test Author <author@example.com>" in patch
     series = (project.base.patch_dir / "series").read_text()
-    assert f"{name}  # {queue.NOT_UPSTREAM}" in series
+    assert f"{name}  # {queue.NO_STATUS}" in series
 
     assert export.export(project.base) == [name]
     assert (project.base.patch_dir / name).read_bytes() == patch
@@ -55,14 +55,16 @@ def test_export_round_trip_is_byte_identical(project):
     assert check.problems(project.base) == []
 
 
-def test_export_keeps_upstream_status(project):
+def test_series_comment_follows_the_trailer_and_is_not_read(project):
     materialize.ensure(project.base)
-    _fix(project)
+    status = "Upstream-Status: Submitted [PR 1]"
+    _fix(project, f"{FIX}\n\n{status}\nSigned-off-by: A <a@example.com>")
     [name] = export.export(project.base)
     series = project.base.patch_dir / "series"
-    series.write_text(series.read_text().replace(queue.NOT_UPSTREAM, "PR 1 (v9.9.10)"))
-    export.export(project.base)
-    assert "# PR 1 (v9.9.10)" in series.read_text()
+    assert f"{name}  # Submitted [PR 1]" in series.read_text()
+    series.write_text(series.read_text().replace("Submitted [PR 1]", "anything"))
+    [entry] = queue.entries(project.base)
+    assert str(entry.upstream_status(project.base)) == "Submitted [PR 1]"
 
 
 def test_version_follows_the_queue(project):

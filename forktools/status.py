@@ -1,0 +1,66 @@
+"""``make status``: every queue's patches, their upstream status, and for each
+newer pinned release whether it already contains the patch.
+
+A release contains a patch when the patch reverse-applies on its pristine
+tree. A backport rarely does (upstream wrote its own fix), so for those the
+release named by the trailer is shown instead.
+"""
+
+from __future__ import annotations
+
+from forktools import git, materialize, pins, queue, upstream
+from forktools.pins import Base
+from forktools.table import render
+
+HEADER = ("base", "#", "patch", "subject", "upstream status", "newer releases")
+
+
+def in_release(base: Base, entry: queue.Entry, newer: Base) -> str:
+    """Whether ``newer`` already holds ``entry`` of ``base``'s queue."""
+    tree = materialize.ensure(newer)
+    patch = base.patch_dir / entry.name
+    if git.apply_check(tree, "base", patch, reverse=True).returncode == 0:
+        return "in (reverse-applies)"
+    try:
+        released = entry.upstream_status(base).released_in
+    except upstream.StatusError:
+        released = None
+    if released and pins.version_key(released) <= pins.version_key(newer.version):
+        return f"upstream's own fix (v{released})"
+    return "needed"
+
+
+def rows(bases: list[Base], pinned: pins.Pins) -> list[tuple[str, ...]]:
+    result = [HEADER]
+    for base in bases:
+        newer = [
+            other
+            for other in pinned.newest_first()[::-1]
+            if pins.version_key(other.version) > pins.version_key(base.version)
+        ]
+        entries = queue.entries(base)
+        for number, entry in enumerate(entries, 1):
+            try:
+                status = str(entry.upstream_status(base))
+            except upstream.StatusError:
+                status = "MISSING (see make lint)"
+            releases = "; ".join(
+                f"{other.name}: {in_release(base, entry, other)}" for other in newer
+            )
+            subject = entry.subject(base)
+            result.append(
+                (base.name, str(number), entry.name, subject, status, releases or "-")
+            )
+        if not entries:
+            result.append((base.name, "-", "(empty queue)", "", "", ""))
+    return result
+
+
+def main(bases: list[Base]) -> int:
+    pinned = pins.load()
+    print(render(rows(bases, pinned)))
+    current = materialize.selected()
+    if current:
+        selected = pinned.get(current)
+        print(f"\nselected: {current} ({materialize.version(selected)})")
+    return 0
