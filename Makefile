@@ -4,7 +4,7 @@ BASE ?=
 base_arg = $(if $(BASE),--base $(BASE))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check status verify lint test venv pr bench
+.PHONY: help fork export check status verify lint test venv pr bench rebase
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ test: ## everything CI runs: tooling tests, lint, check, verify
 
 pr: ## print the upstream PR body for patch number PATCH of BASE
 	$(forktools) pr $(base_arg) --patch $(PATCH)
+
+rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0), with a report
+	$(forktools) rebase --to $(TO)
 
 bench: ## fork vs pristine costs, written to BENCHMARKS.md (VLLM_FORK_BENCH_INSTALL=0: quick)
 	$(forktools) bench $(base_arg)

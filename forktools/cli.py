@@ -81,6 +81,15 @@ def cmd_pr(args) -> int:
     return 0
 
 
+def cmd_rebase(args) -> int:
+    """Carry the newest queue onto a new upstream release, with a report."""
+    from forktools import rebase
+
+    report = rebase.rebase(args.to)
+    print(report.read_text())
+    return 0 if rebase.is_complete(report) else 1
+
+
 def cmd_venv(args) -> int:
     """Build (if needed) and print each base's test environment."""
     from forktools import venv
@@ -125,6 +134,7 @@ COMMANDS = {
     "lint": cmd_lint,
     "bench": cmd_bench,
     "pr": cmd_pr,
+    "rebase": cmd_rebase,
     "venv": cmd_venv,
     "test": cmd_test,
 }
@@ -144,13 +154,17 @@ def parser() -> argparse.ArgumentParser:
     for name, func in COMMANDS.items():
         summary = func.__doc__.splitlines()[0]
         command = sub.add_parser(name, help=summary, description=summary)
-        default = BASE_DEFAULT.get(name, "every base")
-        command.add_argument(
-            "--base", help=f"a base pinned in upstream.toml (default: {default})"
-        )
+        if name != "rebase":
+            default = BASE_DEFAULT.get(name, "every base")
+            command.add_argument(
+                "--base", help=f"a base pinned in upstream.toml (default: {default})"
+            )
         command.set_defaults(func=func)
     sub.choices["pr"].add_argument(
         "--patch", type=int, required=True, help="the patch's number in series"
+    )
+    sub.choices["rebase"].add_argument(
+        "--to", required=True, help="the upstream release to move to, e.g. 0.34.0"
     )
     return top
 

@@ -94,25 +94,30 @@ def build(base: Base) -> Path:
     staging.mkdir(parents=True)
     try:
         print(f"vllm-fork: materializing the {base.name} tree", file=sys.stderr)
-        _extract_sdist(download.fetch(base.sdist), staging)
-        (staging / VERSION_FILE).unlink(missing_ok=True)
-        _commit_base(base, staging)
-        _overlay_wheel(download.fetch(base.wheel_for_this_machine()), staging)
+        extract_sdist(download.fetch(base.sdist), staging)
+        git.run(staging, "init", "--quiet", "--initial-branch=fork")
+        commit_pristine(base, staging)
+        overlay_wheel(download.fetch(base.wheel_for_this_machine()), staging)
         queue.apply(base, staging)
         record(staging, base)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    old = tree.with_name(f".{base.name}.old")
+    swap_in(staging, tree)
+    return tree
+
+
+def swap_in(staging: Path, tree: Path) -> None:
+    """Replace ``tree`` by the finished ``staging`` directory."""
+    old = tree.with_name(f".{tree.name}.old")
     shutil.rmtree(old, ignore_errors=True)
     if tree.exists():
         tree.rename(old)
     staging.rename(tree)
     shutil.rmtree(old, ignore_errors=True)
-    return tree
 
 
-def _extract_sdist(sdist: Path, dest: Path) -> None:
+def extract_sdist(sdist: Path, dest: Path) -> None:
     with tarfile.open(sdist) as archive:
         members = []
         for member in archive.getmembers():
@@ -126,16 +131,17 @@ def _extract_sdist(sdist: Path, dest: Path) -> None:
         archive.extractall(dest, members=members, **safety)
 
 
-def _commit_base(base: Base, tree: Path) -> None:
+def commit_pristine(base: Base, tree: Path, tag: str = "base") -> None:
+    """Commit the extracted sdist in ``tree`` as it is, and tag the commit."""
+    (tree / VERSION_FILE).unlink(missing_ok=True)
     date = {"GIT_AUTHOR_DATE": git.BASE_DATE, "GIT_COMMITTER_DATE": git.BASE_DATE}
-    git.run(tree, "init", "--quiet", "--initial-branch=fork")
     git.run(tree, "add", "--all", "--force")
     message = f"vLLM {base.version} ({base.sdist.file})"
     git.run(tree, "commit", "--quiet", "--no-verify", "-m", message, env=date)
-    git.run(tree, "tag", "base")
+    git.run(tree, "tag", tag)
 
 
-def _overlay_wheel(wheel: Path, tree: Path) -> None:
+def overlay_wheel(wheel: Path, tree: Path) -> None:
     """Add what only the wheel ships; git ignores it, exports never see it."""
     ignored = ["__pycache__/", "*.pyc"]
     with zipfile.ZipFile(wheel) as archive:

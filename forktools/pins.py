@@ -105,3 +105,24 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def append_base(base: Base, note: str) -> None:
+    """Add ``base`` to the pin file as a new table, keeping the rest as written."""
+    path = ROOT / PIN_FILE.name
+    wheels = "".join(f"    {_inline(wheel)},\n" for wheel in base.wheels)
+    requirements = ", ".join(f'"{r}"' for r in base.test_requirements)
+    block = (
+        f'\n[bases."{base.name}"]\n'
+        f'version = "{base.version}"\n'
+        f"sdist = {_inline(base.sdist)}\n"
+        f"wheels = [\n{wheels}]\n"
+        f"# {note}\n"
+        f"test-requirements = [{requirements}]\n"
+    )
+    text = path.read_text()
+    path.write_text(text.rstrip("\n") + "\n" + block)
+
+
+def _inline(artifact: Artifact) -> str:
+    return f'{{ file = "{artifact.file}", sha256 = "{artifact.sha256}" }}'

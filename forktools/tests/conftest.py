@@ -45,19 +45,28 @@ WHEEL_FILES = {
 }
 
 
-def _sdist(path: Path) -> None:
+def _sdist(path: Path, version: str = VERSION, files: dict = SDIST_FILES) -> None:
     with tarfile.open(path, "w:gz") as archive:
-        for name, text in SDIST_FILES.items():
+        for name, text in files.items():
             data = text.encode()
-            info = tarfile.TarInfo(f"vllm-{VERSION}/{name}")
+            info = tarfile.TarInfo(f"vllm-{version}/{name}")
             info.size = len(data)
             archive.addfile(info, io.BytesIO(data))
 
 
-def _wheel(path: Path) -> None:
+def _wheel(path: Path, files: dict = WHEEL_FILES) -> None:
     with zipfile.ZipFile(path, "w") as archive:
-        for name, text in WHEEL_FILES.items():
+        for name, text in files.items():
             archive.writestr(name, text)
+
+
+def publish(index: Path, version: str, core: str) -> None:
+    """Put vLLM ``version`` with ``core`` as vllm/core.py in ``index``: its
+    sdist and x86_64 and aarch64 wheels."""
+    _sdist(index / f"vllm-{version}.tar.gz", version, {**SDIST_FILES, "vllm/core.py": core})
+    wheel = {**WHEEL_FILES, "vllm/core.py": core}
+    for arch in ("x86_64", "aarch64"):
+        _wheel(index / f"vllm-{version}-py3-none-manylinux_2_17_{arch}.whl", wheel)
 
 
 def sha256(path: Path) -> str:

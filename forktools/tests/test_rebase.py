@@ -1,0 +1,162 @@
+"""``make rebase``: pin a release, replay the queue, classify, report."""
+
+import json
+
+import pytest
+
+from forktools import cli, export, materialize, pins, rebase
+from forktools.pins import ForkError
+
+from .conftest import CORE, git, publish, sha256
+
+NEW = "9.9.10"
+TRAILER = "Upstream-Status: Pending [issue 1]"
+
+
+def _message(subject: str) -> str:
+    return f"{subject}\n\nWhy and how.\n\n{TRAILER}\nSigned-off-by: A <a@example.com>"
+
+
+def _queue(project, *changes: tuple[str, str, str]) -> list[str]:
+    """Commit each (path, old, new) replacement as one patch and export."""
+    materialize.ensure(project.base)
+    for number, (path, old, new) in enumerate(changes, 1):
+        file = project.tree / path
+        text = file.read_text() if file.exists() else ""
+        file.parent.mkdir(parents=True, exist_ok=True)
+        new_text = text.replace(old, new) if old else text + new
+        project.commit(path, new_text, _message(f"[Bugfix] Fix {number}"))
+    return export.export(project.base)
+
+
+def _report(project) -> dict:
+    return json.loads((project.root / "patches" / f"v{NEW}" / "rebase.json").read_text())
+
+
+def _outcomes(project) -> list[str]:
+    return [patch["outcome"] for patch in _report(project)["patches"]]
+
+
+def _files(root) -> dict:
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and ".fork" not in path.parts
+    }
+
+
+SHIFTED = "# a new header line upstream\n\n" + CORE
+
+
+def test_absorbed_patch_is_dropped_and_moved_one_refreshed(project):
+    _queue(
+        project,
+        ("vllm/core.py", "return 3\n", "return 33\n"),
+        ("vllm/core.py", "return 10\n", "return 100\n"),
+    )
+    publish(project.index, NEW, SHIFTED.replace("return 3\n", "return 33\n"))
+    report = rebase.rebase(NEW)
+    assert _outcomes(project) == ["upstream", "refreshed"]
+    first, second = _report(project)["patches"]
+    assert "reverse-applies on pristine 9.9.10" in first["evidence"][0]
+    assert second["evidence"] == ["vllm/core.py: hunk 1 moved +2 lines"]
+    assert second["new_patch"].startswith("0001-Bugfix-Fix-2")
+    new_base = pins.load().get(f"v{NEW}")
+    assert [w.file.split("2_17_")[1] for w in new_base.wheels] == [
+        "x86_64.whl",
+        "aarch64.whl",
+    ]
+    assert new_base.sdist.sha256 == sha256(project.index / f"vllm-{NEW}.tar.gz")
+    assert "| 1 | `0001-Bugfix-Fix-1" in report.read_text()
+    tree = materialize.tree_dir(new_base)
+    assert "return 100" in (tree / "vllm/core.py").read_text()
+    assert materialize.unexported(tree) == []
+
+
+def test_source_hunks_that_empty_out_drop_the_patch(project):
+    _queue(project, ("vllm/core.py", "return 3\n", "return 33\n"))
+    _queue(project, ("tests/test_three.py", "", "def test_three():\n    pass\n"))
+    text = (project.tree / "vllm/core.py").read_text()
+    git(project.tree, "reset", "-q", "--soft", "HEAD~2")
+    git(project.tree, "commit", "-q", "-m", _message("[Bugfix] Fix with test"))
+    export.export(project.base)
+    publish(project.index, NEW, text)
+    rebase.rebase(NEW)
+    [patch] = _report(project)["patches"]
+    assert patch["outcome"] == "upstream"
+    assert "source hunks empty out" in patch["evidence"][0]
+    assert "tests/test_three.py" in patch["evidence"][1]
+    assert (project.root / "patches" / f"v{NEW}" / "series").read_text().count(
+        ".patch"
+    ) == 0
+
+
+def test_conflict_names_file_and_hunk_and_loses_nothing(project, capsys):
+    [name] = _queue(project, ("vllm/core.py", "return 3\n", "return 33\n"))
+    before = (project.base.patch_dir / name).read_bytes()
+    publish(project.index, NEW, CORE.replace("return 3\n", "return 7\n"))
+    assert cli.main(["rebase", "--to", NEW]) == 1
+    [patch] = _report(project)["patches"]
+    assert patch["outcome"] == "conflict"
+    assert patch["evidence"] == ["vllm/core.py: conflict at lines 14-18 (in def layer_3)"]
+    assert "git cherry-pick --continue" in capsys.readouterr().out
+    assert (project.base.patch_dir / name).read_bytes() == before
+    tree = project.root / ".fork" / "trees" / f"v{NEW}"
+    assert (tree / ".git" / "CHERRY_PICK_HEAD").exists()
+    assert "return 33" in git(tree, "show", f"{rebase.PREVIOUS}:vllm/core.py")
+
+    with pytest.raises(ForkError, match="still being resolved"):
+        rebase.rebase(NEW)
+    (tree / "vllm/core.py").write_text(CORE.replace("return 3\n", "return 77\n"))
+    git(tree, "add", "vllm/core.py")
+    git(tree, "-c", "core.editor=true", "cherry-pick", "--continue")
+    assert cli.main(["rebase", "--to", NEW]) == 0
+    assert _outcomes(project) == ["resolved"]
+    [new_name] = (project.root / "patches" / f"v{NEW}").glob("0001-*.patch")
+    assert "+    return 77" in new_name.read_text()
+
+
+def test_rerun_of_a_finished_rebase_changes_nothing(project):
+    _queue(project, ("vllm/core.py", "return 10\n", "return 100\n"))
+    publish(project.index, NEW, SHIFTED)
+    rebase.rebase(NEW)
+    tree = project.root / ".fork" / "trees" / f"v{NEW}"
+    before = _files(project.root), git(tree, "rev-parse", "HEAD")
+    rebase.rebase(f"v{NEW}")
+    assert (_files(project.root), git(tree, "rev-parse", "HEAD")) == before
+
+
+def test_changed_source_queue_stops_a_rerun(project):
+    _queue(project, ("vllm/core.py", "return 10\n", "return 100\n"))
+    publish(project.index, NEW, SHIFTED)
+    rebase.rebase(NEW)
+    _queue(project, ("vllm/core.py", "return 11\n", "return 111\n"))
+    with pytest.raises(ForkError, match="has changed since"):
+        rebase.rebase(NEW)
+
+
+def test_published_hash_mismatch_names_the_file_and_pins_nothing(project):
+    _queue(project, ("vllm/core.py", "return 10\n", "return 100\n"))
+    publish(project.index, NEW, SHIFTED)
+    sdist = f"vllm-{NEW}.tar.gz"
+    links = [
+        f'<a href="{path.as_uri()}#sha256={"0" * 64 if path.name == sdist else sha256(path)}">'
+        f"{path.name}</a>"
+        for path in sorted(project.index.glob(f"vllm-{NEW}*"))
+    ]
+    page = project.index.parent / "simple.html"
+    page.write_text("<html><body>" + "\n".join(links) + "</body></html>")
+    pin_file = (project.root / "upstream.toml").read_text()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PIP_FIND_LINKS", str(page))
+        with pytest.raises(ForkError) as error:
+            rebase.rebase(NEW)
+    assert f"sha256 mismatch for {sdist}" in str(error.value)
+    assert (project.root / "upstream.toml").read_text() == pin_file
+    assert not (project.root / "patches" / f"v{NEW}").exists()
+
+
+def test_unknown_release_is_named(project):
+    _queue(project, ("vllm/core.py", "return 10\n", "return 100\n"))
+    with pytest.raises(ForkError, match="vllm 9.9.11 is not offered"):
+        rebase.rebase("9.9.11")

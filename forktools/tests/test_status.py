@@ -1,0 +1,33 @@
+"""``make status``: upstream status from the trailers, and newer releases."""
+
+from forktools import pins, queue, rebase, status
+
+from .conftest import BASE, CORE, publish
+from .test_rebase import NEW, _queue
+
+
+def test_status_reads_trailers_and_checks_newer_releases(project):
+    _queue(
+        project,
+        ("vllm/core.py", "return 3\n", "return 33\n"),
+        ("vllm/core.py", "return 10\n", "return 100\n"),
+    )
+    publish(project.index, NEW, CORE.replace("return 3\n", "return 33\n"))
+    rebase.rebase(NEW)
+    pinned = pins.load()
+    header, first, second, newer_row = status.rows(pinned.newest_first(), pinned)[:4]
+    assert header == status.HEADER
+    assert first[0] == f"v{NEW}" and first[4] == "Pending [issue 1]"
+    assert first[5] == "-"
+    assert second[0] == BASE
+    assert second[5] == f"v{NEW}: in (reverse-applies)"
+    assert newer_row[5] == f"v{NEW}: needed"
+
+
+def test_missing_trailer_shows_in_status(project):
+    _queue(project, ("vllm/core.py", "return 3\n", "return 33\n"))
+    patch = project.base.patch_dir / queue.entries(project.base)[0].name
+    patch.write_text(patch.read_text().replace("Upstream-Status", "Upstream-State"))
+    pinned = pins.load()
+    [_, row] = status.rows([project.base], pinned)
+    assert row[4] == "MISSING (see make lint)"
