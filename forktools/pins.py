@@ -29,12 +29,21 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class Exclusion:
+    """A wheel requirement left out of the CPU test environment, and why."""
+
+    requirement: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Base:
     name: str
     version: str
     sdist: Artifact
     wheels: tuple[Artifact, ...]
     test_requirements: tuple[str, ...]
+    cpu_test_exclude: tuple[Exclusion, ...] = ()
 
     def wheel_for_this_machine(self) -> Artifact:
         arch = platform.machine()
@@ -80,6 +89,15 @@ def _artifact(entry: dict) -> Artifact:
     return Artifact(file=entry["file"], sha256=entry["sha256"].lower())
 
 
+def _exclusion(base: str, entry: dict) -> Exclusion:
+    if not entry.get("requirement") or not entry.get("reason"):
+        raise ForkError(
+            f"{PIN_FILE.name}: [bases.{base!r}] cpu-test-exclude entry {entry} "
+            "needs both a requirement and a reason"
+        )
+    return Exclusion(entry["requirement"], entry["reason"])
+
+
 def load(path: Path | None = None) -> Pins:
     path = path or ROOT / PIN_FILE.name
     try:
@@ -93,6 +111,9 @@ def load(path: Path | None = None) -> Pins:
             sdist=_artifact(entry["sdist"]),
             wheels=tuple(_artifact(w) for w in entry["wheels"]),
             test_requirements=tuple(entry.get("test-requirements", ())),
+            cpu_test_exclude=tuple(
+                _exclusion(name, item) for item in entry.get("cpu-test-exclude", ())
+            ),
         )
         for name, entry in data["bases"].items()
     }

@@ -2,7 +2,12 @@
 
 Each holds the upstream wheel (so every requirement of the release is
 present) plus the base's test requirements; the fork tree shadows the
-installed ``vllm`` through PYTHONPATH when tests run. Environments live in
+installed ``vllm`` through PYTHONPATH when tests run. A base may name
+requirements to leave out here, each with its reason (``cpu-test-exclude``
+in ``upstream.toml``: GPU kernel packages the CPU tests never import, which
+the package index may lack); the wheel is then installed without its
+dependencies, and its requirements minus those are installed beside it.
+GPU nodes (``pip install -e .``) always get the exact requirements. Environments live in
 the cache, keyed by base and requirements, so that fresh clones reuse them;
 stale ones of the same base are removed, since each is about 10 GB.
 """
@@ -15,14 +20,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forktools import download
+from forktools import download, wheelmeta
 from forktools.pins import Base, ForkError
 
 COMPLETE_MARKER = ".vllm-fork-complete"
 
 
 def _key(base: Base, wheel: Path) -> str:
-    spec = "\n".join([base.name, wheel.name, sys.version, *base.test_requirements])
+    excluded = [f"exclude {e.requirement}" for e in base.cpu_test_exclude]
+    spec = "\n".join(
+        [base.name, wheel.name, sys.version, *base.test_requirements, *excluded]
+    )
     return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
@@ -42,24 +50,38 @@ def ensure(base: Base) -> Path:
         flush=True,
     )
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-    install = [
-        str(python),
-        "-m",
-        "pip",
-        "install",
-        "--progress-bar",
-        "off",
-        str(wheel),
-        *base.test_requirements,
-    ]
-    if subprocess.run(install).returncode != 0:
-        shutil.rmtree(path, ignore_errors=True)
-        raise ForkError(
-            f"{base.name}: installing the test environment failed (pip output "
-            "above); nothing was kept. Fix the cause and run the command again."
-        )
-    (path / COMPLETE_MARKER).write_text("\n".join(install) + "\n")
+    commands = install_commands(base, python, wheel)
+    for install in commands:
+        if subprocess.run(install).returncode != 0:
+            shutil.rmtree(path, ignore_errors=True)
+            raise ForkError(
+                f"{base.name}: installing the test environment failed (pip output "
+                "above); nothing was kept. Fix the cause and run the command again."
+            )
+    (path / COMPLETE_MARKER).write_text("".join(" ".join(c) + "\n" for c in commands))
     return python
+
+
+def install_commands(base: Base, python: Path, wheel: Path) -> list[list[str]]:
+    """The pip commands that fill the environment."""
+    pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+    if not base.cpu_test_exclude:
+        return [[*pip, str(wheel), *base.test_requirements]]
+    kept = requirements_without(base, wheelmeta.read(wheel).install_requires)
+    return [[*pip, *kept, *base.test_requirements], [*pip, "--no-deps", str(wheel)]]
+
+
+def requirements_without(base: Base, requirements: list[str]) -> list[str]:
+    """``requirements`` less the base's CPU test exclusions, each of which must
+    be one of them exactly (so that a new pin gets looked at again)."""
+    excluded = {e.requirement for e in base.cpu_test_exclude}
+    unknown = excluded.difference(requirements)
+    if unknown:
+        raise ForkError(
+            f"{base.name}: cpu-test-exclude names {', '.join(sorted(unknown))}, "
+            "which the wheel does not require (as written); update upstream.toml"
+        )
+    return [r for r in requirements if r not in excluded]
 
 
 def _remove_stale(root: Path, base: Base, keep: Path) -> None:
