@@ -2,8 +2,8 @@
 newer pinned release whether it already contains the patch.
 
 A release contains a patch when the patch reverse-applies on its pristine
-tree. A backport rarely does (upstream wrote its own fix), so for those the
-release named by the trailer is shown instead.
+tree. A backport rarely does (upstream wrote its own fix), so for a
+``Backport`` the release its trailer names counts too.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ def in_release(base: Base, entry: queue.Entry, newer: Base) -> str:
     if git.apply_check(tree, "base", patch, reverse=True).returncode == 0:
         return "in (reverse-applies)"
     try:
-        released = entry.upstream_status(base).released_in
+        status = entry.upstream_status(base)
     except upstream.StatusError:
-        released = None
+        return "needed"
+    released = status.released_in if status.kind == "Backport" else None
     if released and pins.version_key(released) <= pins.version_key(newer.version):
         return f"upstream's own fix (v{released})"
     return "needed"
