@@ -1,6 +1,7 @@
 """``make rebase``: pin a release, replay the queue, classify, report."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -48,14 +49,19 @@ def _files(root) -> dict:
 SHIFTED = "# a new header line upstream\n\n" + CORE
 
 
-def test_absorbed_patch_is_dropped_and_moved_one_refreshed(project):
+def rebase_onto_release_with_fix_1(project) -> Path:
+    """Two patches; the new release holds the first and shifts the second."""
     _queue(
         project,
         ("vllm/core.py", "return 3\n", "return 33\n"),
         ("vllm/core.py", "return 10\n", "return 100\n"),
     )
     publish(project.index, NEW, SHIFTED.replace("return 3\n", "return 33\n"))
-    report = rebase.rebase(NEW)
+    return rebase.rebase(NEW)
+
+
+def test_absorbed_patch_is_dropped_and_moved_one_refreshed(project):
+    report = rebase_onto_release_with_fix_1(project)
     assert _outcomes(project) == ["upstream", "refreshed"]
     first, second = _report(project)["patches"]
     assert "reverse-applies on pristine 9.9.10" in first["evidence"][0]

@@ -1,19 +1,13 @@
 """``make status``: upstream status from the trailers, and newer releases."""
 
-from forktools import pins, queue, rebase, status
+from forktools import pins, queue, status
 
-from .conftest import BASE, CORE, publish
-from .test_rebase import NEW, _queue
+from .conftest import BASE
+from .test_rebase import NEW, _queue, rebase_onto_release_with_fix_1
 
 
 def test_status_reads_trailers_and_checks_newer_releases(project):
-    _queue(
-        project,
-        ("vllm/core.py", "return 3\n", "return 33\n"),
-        ("vllm/core.py", "return 10\n", "return 100\n"),
-    )
-    publish(project.index, NEW, CORE.replace("return 3\n", "return 33\n"))
-    rebase.rebase(NEW)
+    rebase_onto_release_with_fix_1(project)
     pinned = pins.load()
     header, first, second, newer_row = status.rows(pinned.newest_first(), pinned)[:4]
     assert header == status.HEADER
