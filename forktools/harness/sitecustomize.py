@@ -1,36 +1,72 @@
-"""Pin vLLM's platform to the CPU in every process of a fork test run.
+"""Test-run set-up for vLLM on CPU, in every process of a fork test run.
 
-Some bases (v0.19.1) detect the CPU platform only from a ``cpu`` build
-version, so on the CUDA wheel's code they fail with "Failed to infer device
-type". The tooling puts this directory on PYTHONPATH with
-``VLLM_TARGET_DEVICE=cpu``; subprocesses inherit both. Kept in the tooling so
-that no patch carries test-harness code.
+The tooling puts this directory on PYTHONPATH with ``VLLM_TARGET_DEVICE=cpu``;
+subprocesses inherit both. Kept in the tooling so that no patch carries
+test-harness code. Two hooks, each run when vLLM first imports the module:
+
+- ``vllm.platforms``: pin the CPU platform. Some bases (v0.19.1) detect it
+  only from a ``cpu`` build version, so on the CUDA wheel's code they fail
+  with "Failed to infer device type".
+- ``vllm.compilation``: stand-in schemas for the ``torch.ops._C`` names its
+  passes read at import (see ``vllm_c_op_stubs``), so real Inductor runs.
 """
 
 import importlib.abc
+import importlib.util
 import os
 import sys
+from pathlib import Path
 
 
-class _PinCpuPlatform(importlib.abc.MetaPathFinder):
+def _pin_cpu_platform(module) -> None:
+    from vllm.platforms.cpu import CpuPlatform
+
+    module._current_platform = CpuPlatform()
+
+
+def _stub_missing_c_ops(module) -> None:
+    import vllm_c_op_stubs
+
+    vllm_c_op_stubs.define_missing(Path(module.__file__).parent)
+
+
+class _ImportHooks(importlib.abc.MetaPathFinder):
+    """Runs ``before`` hooks ahead of a module's code, ``after`` hooks after."""
+
+    def __init__(self, before: dict, after: dict):
+        self.before = before
+        self.after = after
+
     def find_spec(self, name, path=None, target=None):
-        if name != "vllm.platforms":
+        if name not in self.before and name not in self.after:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        before = self.before.pop(name, None)
+        after = self.after.pop(name, None)
         load = spec.loader.exec_module
 
         def exec_module(module):
+            if before:
+                before(module)
             load(module)
-            from vllm.platforms.cpu import CpuPlatform
-
-            module._current_platform = CpuPlatform()
+            if after:
+                after(module)
 
         spec.loader.exec_module = exec_module
+        if not self.before and not self.after:
+            sys.meta_path.remove(self)
         return spec
 
 
 if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
-    import importlib.util
-
-    sys.meta_path.insert(0, _PinCpuPlatform())
+    sys.meta_path.insert(
+        0,
+        _ImportHooks(
+            before={"vllm.compilation": _stub_missing_c_ops},
+            after={"vllm.platforms": _pin_cpu_platform},
+        ),
+    )
