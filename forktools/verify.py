@@ -37,6 +37,13 @@ class Outcome:
     failed: int
     errors: list[str]
     failure_types: set[str]
+    # Call-phase outcome ("passed", "failed", ...) of each parametrized case.
+    calls: dict[str, str] = field(default_factory=dict)
+
+    def variant_counts(self, variant: str) -> tuple[int, int]:
+        """(passed, failed) of the cases run under ``variant``."""
+        outcomes = [o for n, o in self.calls.items() if variant_of(n) == variant]
+        return outcomes.count("passed"), outcomes.count("failed")
 
     @property
     def total(self) -> int:
@@ -101,10 +108,19 @@ def run_tests(python: Path, tree: Path, nodeids: list[str]) -> Outcome:
     return _summarize(records)
 
 
+def variant_of(nodeid: str) -> str:
+    """The first parametrization id of a test (``t[mega-empty]`` -> ``mega``),
+    which a fixture-level parameter such as the artifact format comes first
+    in; ``""`` for a test without one."""
+    _, bracket, ids = nodeid.partition("[")
+    return ids.rstrip("]").split("-")[0] if bracket else ""
+
+
 def _summarize(records: list[dict]) -> Outcome:
     outcome = Outcome(0, 0, [], set())
     for record in records:
         if record["when"] == "call":
+            outcome.calls[record["nodeid"]] = record["outcome"]
             if record["outcome"] == "passed":
                 outcome.passed += 1
             elif record["outcome"] == "failed":
@@ -188,7 +204,9 @@ def _verify_commit(base, entry, commit, python, worktree) -> Row:
     print(f"verify: {base.name} {entry.name}: {row.undone_by}", file=sys.stderr)
     row.without_fix = run_tests(python, worktree, nodeids)
     row.seconds = time.monotonic() - started
-    row.problem = _judge(row.with_fix, row.without_fix)
+    row.problem = _judge(row.with_fix, row.without_fix) or _judge_variants(
+        row.with_fix, row.without_fix
+    )
     return row
 
 
@@ -202,6 +220,19 @@ def _judge(with_fix: Outcome, without: Outcome) -> str:
     if not without.failure_types <= ASSERTIONS:
         kinds = ", ".join(sorted(without.failure_types - ASSERTIONS))
         return f"without the fix the tests fail with {kinds}, not an assertion"
+    return ""
+
+
+def _judge_variants(with_fix: Outcome, without: Outcome) -> str:
+    """Each shared variant (e.g. every artifact format) must bite on its own."""
+    toothless = [
+        variant
+        for variant in shared_variants(list(with_fix.calls))
+        if not without.variant_counts(variant)[1]
+    ]
+    if toothless:
+        names = ", ".join(f"[{v}]" for v in toothless)
+        return f"without the fix every {names} test still passes"
     return ""
 
 
@@ -219,7 +250,40 @@ def table(rows: list[Row]) -> str:
                 "yes" if row.holds else f"NO: {row.problem}",
             )
         )
+        lines += _variant_lines(row)
     return render(lines)
+
+
+def shared_variants(nodeids: list[str]) -> list[str]:
+    """Variants that several test functions run under: a fixture-level
+    parameter, such as the artifact format, rather than one test's cases."""
+    functions: dict[str, set[str]] = {}
+    for nodeid in nodeids:
+        variant = variant_of(nodeid)
+        if variant:
+            functions.setdefault(variant, set()).add(nodeid.partition("[")[0])
+    return sorted(v for v, names in functions.items() if len(names) > 1)
+
+
+def _variant_lines(row: Row) -> list[tuple[str, ...]]:
+    if row.with_fix is None or row.without_fix is None:
+        return []
+    lines = []
+    for variant in shared_variants(list(row.with_fix.calls)):
+        passed, failed = row.with_fix.variant_counts(variant)
+        kept, bitten = row.without_fix.variant_counts(variant)
+        lines.append(
+            (
+                "",
+                f"  [{variant}]",
+                "",
+                f"{passed}/{passed + failed} passed",
+                f"{bitten}/{kept + bitten} failed",
+                "",
+                "yes" if passed and not failed and bitten else "no",
+            )
+        )
+    return lines
 
 
 def _ratio(outcome: Outcome | None, field: str) -> str:

@@ -16,7 +16,9 @@ import re
 from pathlib import Path
 
 _OP_REFERENCE = re.compile(r"torch\.ops\._C\.(\w+)")
-_KERNEL_MODULES = ("vllm._C", "vllm._C_stable_libtorch")
+# The real kernels, then the module whose registrations are guarded by
+# hasattr(torch.ops._C, name): those guards must see only real ops.
+_IMPORT_FIRST = ("vllm._C", "vllm._C_stable_libtorch", "vllm._custom_ops")
 
 
 def referenced_ops(package_dir: Path) -> set[str]:
@@ -27,8 +29,8 @@ def referenced_ops(package_dir: Path) -> set[str]:
     return names
 
 
-def _load_real_kernels() -> None:
-    for module in _KERNEL_MODULES:
+def _import_real_ops() -> None:
+    for module in _IMPORT_FIRST:
         with contextlib.suppress(Exception):
             importlib.import_module(module)
 
@@ -40,7 +42,7 @@ def define_missing(compilation_dir: Path) -> list[str]:
     """
     import torch
 
-    _load_real_kernels()
+    _import_real_ops()
     missing = sorted(
         name
         for name in referenced_ops(compilation_dir)

@@ -35,3 +35,44 @@ def test_summarize_counts_phases():
     assert (outcome.passed, outcome.failed) == (0, 1)
     assert outcome.failure_types == {"AssertionError"}
     assert outcome.errors == ["b failed in setup (KeyError)"]
+
+
+def test_variant_is_the_first_parametrization_id():
+    assert verify.variant_of("t.py::test_a[mega-empty]") == "mega"
+    assert verify.variant_of("t.py::test_a[split]") == "split"
+    assert verify.variant_of("t.py::test_a") == ""
+
+
+def test_shared_variants_are_those_of_several_test_functions():
+    nodeids = [
+        "t.py::test_a[mega-empty]",
+        "t.py::test_a[mega-random]",
+        "t.py::test_b[mega]",
+        "t.py::test_a[split-empty]",
+        "t.py::test_c[only_here]",
+        "t.py::test_d",
+    ]
+    assert verify.shared_variants(nodeids) == ["mega"]
+
+
+def test_judge_names_a_variant_that_does_not_bite():
+    with_fix = _outcome(passed=4)
+    with_fix.calls = {
+        "t.py::test_a[mega]": "passed",
+        "t.py::test_b[mega]": "passed",
+        "t.py::test_a[split]": "passed",
+        "t.py::test_b[split]": "passed",
+    }
+    without = _outcome(passed=3, failed=1, types={"AssertionError"})
+    without.calls = {**with_fix.calls, "t.py::test_a[mega]": "failed"}
+    assert verify._judge(with_fix, without) == ""
+    assert "[split]" in verify._judge_variants(with_fix, without)
+    without.calls["t.py::test_b[split]"] = "failed"
+    assert verify._judge_variants(with_fix, without) == ""
+    lines = verify._variant_lines(
+        verify.Row("b", "p", 2, with_fix, without, 1.0, nodeids=["t.py::test_a"])
+    )
+    assert [line[1:5] for line in lines] == [
+        ("  [mega]", "", "2/2 passed", "1/2 failed"),
+        ("  [split]", "", "2/2 passed", "1/2 failed"),
+    ]
