@@ -2,13 +2,15 @@
 
 The tooling puts this directory on PYTHONPATH with ``VLLM_TARGET_DEVICE=cpu``;
 subprocesses inherit both. Kept in the tooling so that no patch carries
-test-harness code. Two hooks, each run when vLLM first imports the module:
+test-harness code. Three hooks, each run when vLLM first imports the module:
 
 - ``vllm.platforms``: pin the CPU platform. Some bases (v0.19.1) detect it
   only from a ``cpu`` build version, so on the CUDA wheel's code they fail
   with "Failed to infer device type".
 - ``vllm.compilation``: stand-in schemas for the ``torch.ops._C`` names its
   passes read at import (see ``vllm_c_op_stubs``), so real Inductor runs.
+- ``vllm.platforms.cpu``: configure without triton-cpu on x86, which v0.34.0
+  made an error (see ``vllm_triton_cpu_check``).
 """
 
 import importlib.abc
@@ -22,6 +24,12 @@ def _pin_cpu_platform(module) -> None:
     from vllm.platforms.cpu import CpuPlatform
 
     module._current_platform = CpuPlatform()
+
+
+def _tolerate_missing_triton_cpu(module) -> None:
+    import vllm_triton_cpu_check
+
+    vllm_triton_cpu_check.tolerate_missing_triton_cpu(module.CpuPlatform)
 
 
 def _stub_missing_c_ops(module) -> None:
@@ -67,6 +75,9 @@ if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
         0,
         _ImportHooks(
             before={"vllm.compilation": _stub_missing_c_ops},
-            after={"vllm.platforms": _pin_cpu_platform},
+            after={
+                "vllm.platforms": _pin_cpu_platform,
+                "vllm.platforms.cpu": _tolerate_missing_triton_cpu,
+            },
         ),
     )
