@@ -42,6 +42,7 @@ AOT_KEY_ROUNDS = 6
 AOT_KEY_LAYERS = 128
 AOT_KEY_TREES = {"plain": "", "lora": ", LoRA-wrapped linears"}
 AOT_WARM_RUNS = 3
+AOT_ARTIFACT_FORMATS = ("default", "eager-split")
 HEADER = ("#", "figure", "base", "measured", "goal", "holds")
 
 
@@ -188,7 +189,7 @@ def aot_key_cost(bases: list[Base]) -> list[Row]:
     return rows
 
 
-def aot_warm_start_runs(base: Base) -> dict[str, list[dict]]:
+def aot_warm_start_runs(base: Base, artifacts: str) -> dict[str, list[dict]]:
     """``aot_warm_start`` warm runs of the fork and pristine, after a cold one."""
     tree = materialize.ensure(base)
     python = venv.ensure(base)
@@ -199,13 +200,13 @@ def aot_warm_start_runs(base: Base) -> dict[str, list[dict]]:
     ):
         checkouts = {"fork": fork, "pristine": pristine}
         runs = {
-            name: _aot_run(python, checkout_dir, Path(tmp) / name)
+            name: _aot_run(python, checkout_dir, Path(tmp) / name, artifacts)
             for name, checkout_dir in checkouts.items()
         }
         for name, run in runs.items():
-            _progress(f"{base.name} AOT cold start: {name}")
+            _progress(f"{base.name} AOT cold start ({artifacts}): {name}")
             _expect_cold_compile(base, name, run())
-        _progress(f"{base.name} AOT warm starts")
+        _progress(f"{base.name} AOT warm starts ({artifacts})")
         warm = interleaved(runs, AOT_WARM_RUNS)
     _expect_fork_only(base, warm, "has_check", "the AOT load check")
     return warm
@@ -223,9 +224,14 @@ def _expect_fork_only(
         )
 
 
-def _aot_run(python: Path, tree: Path, cache_root: Path) -> Callable[[], dict]:
+def _aot_run(
+    python: Path, tree: Path, cache_root: Path, artifacts: str
+) -> Callable[[], dict]:
     cache_env = {"VLLM_CACHE_ROOT": str(cache_root)}
-    return lambda: run_script(python, tree, "aot_warm_start", extra_env=cache_env)
+    args = ("--artifacts", artifacts)
+    return lambda: run_script(
+        python, tree, "aot_warm_start", *args, extra_env=cache_env
+    )
 
 
 def _expect_cold_compile(base: Base, name: str, result: dict) -> None:
@@ -236,13 +242,21 @@ def _expect_cold_compile(base: Base, name: str, result: dict) -> None:
         )
 
 
-def warm_recompiles_row(base: Base, warm: dict[str, list[dict]]) -> Row:
+def _format_label(artifacts: str, warm: dict[str, list[dict]]) -> str:
+    if artifacts == "eager-split":
+        return "split artifacts, EagerAdaptor"
+    mega = {run["mega_artifact"] for runs in warm.values() for run in runs}
+    kind = "mega artifact" if mega == {True} else "split artifacts"
+    return f"default: {kind}, real Inductor"
+
+
+def warm_recompiles_row(base: Base, warm: dict[str, list[dict]], label: str) -> Row:
     recompiles = {name: sum(r["aot_compiles"] for r in warm[name]) for name in warm}
     wrong = [name for name in warm if not all(r["correct"] for r in warm[name])]
     measured = f"{recompiles['fork']} (pristine: {recompiles['pristine']})"
     if wrong:
         measured += f"; wrong output: {', '.join(wrong)}"
-    figure = f"AOT recompiles over {AOT_WARM_RUNS} warm starts, same tree"
+    figure = f"AOT recompiles over {AOT_WARM_RUNS} warm starts, same tree ({label})"
     holds = _verdict(recompiles["fork"] == 0 and not wrong)
     return Row(2, figure, base.name, measured, "0", holds)
 
@@ -251,8 +265,8 @@ def _median_load(results: list[dict]) -> float:
     return statistics.median(r["load_seconds"] for r in results)
 
 
-def load_check_share_row(base: Base, warm: dict[str, list[dict]]) -> Row:
-    figure = "load check / AOT artifact load, warm start"
+def load_check_share_row(base: Base, warm: dict[str, list[dict]], label: str) -> Row:
+    figure = f"load check / AOT artifact load, warm start ({label})"
     loads = {name: [r for r in warm[name] if r["loaded_from_disk"]] for name in warm}
     if not loads["fork"]:
         return Row(2, figure, base.name, "no warm load", "<= 0.02", "NO")
@@ -276,10 +290,14 @@ def aot_warm_start(bases: list[Base]) -> list[Row]:
 
     A real AOT save/load round trip on CPU: 16 blocks of
     ``ColumnParallelLinear``/``RowParallelLinear``, every other up projection
-    wrapped by vLLM's LoRA layer, ``VLLM_USE_AOT_COMPILE=1``, with benchmark-only
-    shims (``VLLM_COMPILE`` restored after the CPU platform downgrades it,
-    ``compile_sizes=[]``, the split graph run by ``EagerAdaptor``, the mega
-    artifact off, a one-process gloo group). Per base, a cold run of the fork
+    wrapped by vLLM's LoRA layer, ``VLLM_USE_AOT_COMPILE=1``, in two formats:
+    the one users run (real Inductor, standalone compile, vLLM's default
+    artifact format for the base's torch: the mega artifact on v0.33.0, split
+    artifacts on v0.19.1), and split artifacts whose pieces ``EagerAdaptor``
+    runs, which isolates the load path from Inductor's outputs. Benchmark-only
+    shims: ``VLLM_COMPILE`` restored after the CPU platform downgrades it,
+    ``compile_sizes=[]``, a one-process gloo group, the harness's stand-in
+    ``torch.ops._C`` schemas. Per base and format, a cold run of the fork
     tree and of its pristine ``base`` checkout each fills its own cache, then
     3 warm runs of each in fresh processes, alternating. Recompiles:
     ``compilation_counter.num_aot_compiles`` summed over the warm runs.
@@ -290,8 +308,13 @@ def aot_warm_start(bases: list[Base]) -> list[Row]:
     """
     rows = []
     for base in bases:
-        warm = aot_warm_start_runs(base)
-        rows += [warm_recompiles_row(base, warm), load_check_share_row(base, warm)]
+        for artifacts in AOT_ARTIFACT_FORMATS:
+            warm = aot_warm_start_runs(base, artifacts)
+            label = _format_label(artifacts, warm)
+            rows += [
+                warm_recompiles_row(base, warm, label),
+                load_check_share_row(base, warm, label),
+            ]
     return rows
 
 

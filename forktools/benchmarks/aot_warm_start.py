@@ -8,11 +8,15 @@ model is a stack of ``ColumnParallelLinear``/``RowParallelLinear`` blocks,
 every other block's up projection wrapped by vLLM's LoRA layer (no adapter
 active), compiled with ``VLLM_USE_AOT_COMPILE=1``.
 
-A real save/load round trip on CPU needs shims that only a test or benchmark
-may use: ``VLLM_COMPILE`` is restored after the CPU platform downgrades it, the
-split graph runs eagerly (``EagerAdaptor``), ``compile_sizes=[]``, the mega AOT
-artifact is off, and a one-process gloo group stands in for the distributed
-setup.
+``--artifacts default`` compiles as users do: real Inductor with standalone
+compile, in the artifact format vLLM picks for this torch (the mega artifact
+from torch 2.12). ``--artifacts eager-split`` runs the split graph's pieces
+eagerly (``EagerAdaptor``) with the mega artifact off, which times the load
+path without Inductor's outputs. Either way, shims that only a test or
+benchmark may use: ``VLLM_COMPILE`` is restored after the CPU platform
+downgrades it, ``compile_sizes=[]``, a one-process gloo group stands in for
+the distributed setup, and the harness on PYTHONPATH stands in for the
+``torch.ops._C`` schemas the compile passes read.
 
 Prints one JSON object on stdout: vLLM's ``compilation_counter`` AOT counts of
 this process, whether the model loaded from disk and matched eager output, the
@@ -31,7 +35,6 @@ from unittest.mock import patch
 os.environ.update(
     VLLM_LOGGING_STREAM="ext://sys.stderr",
     VLLM_USE_AOT_COMPILE="1",
-    VLLM_USE_MEGA_AOT_ARTIFACT="0",
     VLLM_FORCE_AOT_LOAD="0",
     VLLM_DISABLE_COMPILE_CACHE="0",
 )
@@ -39,6 +42,7 @@ os.environ.update(
 import torch
 import vllm.compilation.backends as compilation_backends
 import vllm.compilation.decorators as compilation_decorators
+import vllm.envs as envs
 from script_io import single_process_group, stdout_to_stderr
 from torch import nn
 from vllm.compilation.compiler_interface import EagerAdaptor
@@ -181,14 +185,31 @@ def eager_pieces():
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=16, help="model blocks")
+    parser.add_argument(
+        "--artifacts",
+        choices=["default", "eager-split"],
+        default="default",
+        help="vLLM's default format with real Inductor, or eager split pieces",
+    )
     args = parser.parse_args()
     if "VLLM_CACHE_ROOT" not in os.environ:
         parser.error("set VLLM_CACHE_ROOT to the compile cache of the runs")
     return args
 
 
+def artifact_format(name: str):
+    """Set the environment for ``--artifacts``; the compiler context to use."""
+    if name == "eager-split":
+        os.environ["VLLM_USE_MEGA_AOT_ARTIFACT"] = "0"
+        return eager_pieces()
+    os.environ.pop("VLLM_USE_MEGA_AOT_ARTIFACT", None)
+    os.environ.pop("VLLM_USE_STANDALONE_COMPILE", None)
+    return nullcontext()
+
+
 def main() -> None:
     args = parse_args()
+    compiler = artifact_format(args.artifacts)
     has_check = hasattr(compilation_decorators, CHECK)
     load_seconds: list[float] = []
     check_seconds: list[float] = []
@@ -197,7 +218,7 @@ def main() -> None:
         if has_check
         else nullcontext()
     )
-    with stdout_to_stderr(), single_process_group(), eager_pieces():
+    with stdout_to_stderr(), single_process_group(), compiler:
         with timing(compilation_decorators, LOAD, load_seconds), timed_check:
             model = build_model(compile_config(), args.layers)
             output = run(model)
@@ -211,6 +232,7 @@ def main() -> None:
         "loaded_from_disk": loaded,
         "correct": bool(correct),
         "has_check": has_check,
+        "mega_artifact": envs.VLLM_USE_MEGA_AOT_ARTIFACT,
         "load_seconds": load_seconds[-1] if loaded else None,
         "check_seconds": check_seconds[-1] if loaded and has_check else None,
     }

@@ -8,6 +8,7 @@ import pytest
 from forktools.verify import HARNESS
 
 sys.path.insert(0, str(HARNESS))
+import vllm_c_op_stubs  # noqa: E402
 import vllm_triton_cpu_check  # noqa: E402
 
 sys.path.remove(str(HARNESS))
@@ -83,3 +84,18 @@ def test_a_module_binding_triton_during_the_check_stops_the_run(
     with pytest.raises(RuntimeError, match="hold it true: kernels"):
         platform.check_and_update_config({})
     assert triton_utils.HAS_TRITON is False
+
+
+def test_c_op_stubs_define_only_what_is_missing(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    (tmp_path / "passes").mkdir()
+    (tmp_path / "passes" / "a.py").write_text(
+        "OP = torch.ops._C.fork_harness_probe.default\n"
+        "OTHER = torch.ops._C.fork_harness_probe\n"
+    )
+    monkeypatch.setattr(vllm_c_op_stubs, "_import_real_ops", lambda: None)
+    assert vllm_c_op_stubs.referenced_ops(tmp_path) == {"fork_harness_probe"}
+
+    assert vllm_c_op_stubs.define_missing(tmp_path) == ["fork_harness_probe"]
+    assert torch.ops._C.fork_harness_probe.default is not None
+    assert vllm_c_op_stubs.define_missing(tmp_path) == []
