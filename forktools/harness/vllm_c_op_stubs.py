@@ -16,9 +16,11 @@ import re
 from pathlib import Path
 
 _OP_REFERENCE = re.compile(r"torch\.ops\._C\.(\w+)")
-# The real kernels, then the module whose registrations are guarded by
-# hasattr(torch.ops._C, name): those guards must see only real ops.
-_IMPORT_FIRST = ("vllm._C", "vllm._C_stable_libtorch", "vllm._custom_ops")
+_KERNEL_MODULES = ("vllm._C", "vllm._C_stable_libtorch")
+# vllm._custom_ops registers fakes for an op's overloads once
+# hasattr(torch.ops._C, name) holds (v0.19.1: scaled_fp4_quant.out), so each
+# stand-in also has the overloads such registrations name.
+_OVERLOADS = ("", ".out")
 
 
 def referenced_ops(package_dir: Path) -> set[str]:
@@ -30,7 +32,7 @@ def referenced_ops(package_dir: Path) -> set[str]:
 
 
 def _import_real_ops() -> None:
-    for module in _IMPORT_FIRST:
+    for module in _KERNEL_MODULES:
         with contextlib.suppress(Exception):
             importlib.import_module(module)
 
@@ -51,7 +53,8 @@ def define_missing(compilation_dir: Path) -> list[str]:
     if missing:
         library = torch.library.Library("_C", "FRAGMENT")
         for name in missing:
-            library.define(f"{name}() -> ()")
+            for overload in _OVERLOADS:
+                library.define(f"{name}{overload}() -> ()")
         _libraries.append(library)
     return missing
 
