@@ -28,11 +28,13 @@ setup(
     version=materialize.version(base),
     description=f"vLLM {base.version} with this fork's patch queue",
     python_requires=wheel.requires_python,
+    # The root as an explicit package root: for such a layout setuptools'
+    # default editable mode installs a path entry for the repository root (as
+    # the deprecated "compat" mode did), so `vllm` resolves through the root's
+    # link to the selected tree and a base switch needs no reinstall of it.
+    package_dir={"": "."},
     packages=find_packages(include=["vllm", "vllm.*"]),
     install_requires=wheel.install_requires,
     extras_require=wheel.extras_require,
     entry_points=wheel.entry_points,
-    # A path entry for the repository root, so that `vllm` resolves through
-    # the root's link to the selected tree, as in a plain checkout.
-    options={"editable_wheel": {"mode": "compat"}},
 )

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from forktools import git, materialize, pins, venv, verify
+from forktools import git, materialize, pins, tools, venv, verify
 from forktools.pins import ROOT, Base, ForkError
 from forktools.table import render
 
@@ -382,15 +382,27 @@ def lora_mapping(bases: list[Base]) -> list[Row]:
     ]
 
 
-def timed_pip_install(
-    workdir: Path, name: str, cwd: Path, pip_args: list[str], env: dict[str, str]
+def timed_install(
+    workdir: Path,
+    name: str,
+    cwd: Path,
+    args: list[str],
+    env: dict[str, str],
+    uv: Path | None = None,
 ) -> float:
-    """Seconds ``pip install`` takes in a fresh venv, deleted afterwards."""
+    """Seconds ``pip install`` (``uv pip install`` with ``uv``) takes in a
+    fresh venv, deleted afterwards."""
     env_dir = workdir / f"{name}-venv"
-    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
-    log = workdir / f"{name}-pip.log"
-    command = [str(env_dir / "bin" / "python"), "-m", "pip", "install", *pip_args]
-    _progress(f"{name}: pip install {' '.join(pip_args)}")
+    python = env_dir / "bin" / "python"
+    if uv:
+        venv_command = [uv, "venv", "-q", "--python", sys.executable, env_dir]
+        subprocess.run(venv_command, check=True)
+        command = [str(uv), "pip", "install", "--python", str(python), *args]
+    else:
+        subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
+        command = [str(python), "-m", "pip", "install", *args]
+    log = workdir / f"{name}-install.log"
+    _progress(f"{name}: {' '.join(str(part) for part in command)}")
     try:
         with log.open("w") as output:
             started = time.monotonic()
@@ -402,23 +414,29 @@ def timed_pip_install(
         shutil.rmtree(env_dir, ignore_errors=True)
     if result.returncode != 0:
         tail = log.read_text()[-3000:]
-        raise ForkError(
-            f"{name}: pip install failed (exit {result.returncode}):\n{tail}"
-        )
+        raise ForkError(f"{name}: install failed (exit {result.returncode}):\n{tail}")
     return seconds
 
 
-def install_seconds(base: Base, dry_run: bool) -> tuple[float, float]:
-    """Fork (``pip install -e .`` in a fresh clone) and pristine install times."""
-    options = ["--progress-bar", "off", *(["--dry-run"] if dry_run else [])]
+def install_seconds(base: Base, dry_run: bool, uv: Path | None) -> tuple[float, float]:
+    """Fork (``-e .`` in a fresh clone) and pristine install times.
+
+    With uv the pristine install runs once before, unmeasured, so that both
+    measured installs find uv's cache warm.
+    """
+    options = ["--dry-run"] if dry_run else []
+    if not uv:
+        options.insert(0, "--progress-bar=off")
     env = dict(os.environ, **{pins.BASE_ENV: base.name})
+    pristine_args = [*options, f"vllm=={base.version}"]
     with tempfile.TemporaryDirectory(prefix="vllm-fork-bench-") as tmp:
         workdir = Path(tmp)
         clone = workdir / "clone"
         git.run(workdir, "clone", "--quiet", str(ROOT), str(clone))
-        fork = timed_pip_install(workdir, "fork", clone, [*options, "-e", "."], env)
-        pristine_args = [*options, f"vllm=={base.version}"]
-        pristine = timed_pip_install(workdir, "pristine", workdir, pristine_args, env)
+        if uv:
+            timed_install(workdir, "warm-up", workdir, pristine_args, env, uv)
+        fork = timed_install(workdir, "fork", clone, [*options, "-e", "."], env, uv)
+        pristine = timed_install(workdir, "pristine", workdir, pristine_args, env, uv)
     return fork, pristine
 
 
@@ -431,20 +449,39 @@ def install_time(bases: list[Base]) -> list[Row]:
     warm download cache) is part of the measured time. The fork runs first,
     which leaves any warming of the package index to the pristine install.
     """
-    figure = "pip install -e . / pip install vllm, wall time"
+    return _install_rows(bases, 4, "pip install -e . / pip install vllm", uv=False)
+
+
+def uv_install_time(bases: list[Base]) -> list[Row]:
+    """``uv pip install -e .`` against ``uv pip install vllm==<version>``.
+
+    As for pip, in fresh venvs made by ``uv venv``, with the pinned uv. uv
+    hard-links from its own cache, so an install with a warm cache is quick
+    and the fork's fixed costs (materializing its tree, building the editable
+    wheel, fetching the pinned wheel through uv) weigh more: the pristine
+    install runs once unmeasured first, so that both measured runs find the
+    cache warm.
+    """
+    figure = "uv pip install -e . / uv pip install vllm"
+    return _install_rows(bases, 5, figure, uv=True)
+
+
+def _install_rows(bases: list[Base], number: int, figure: str, uv: bool) -> list[Row]:
+    figure = f"{figure}, wall time"
     pinned = pins.load()
     base = pinned.get(pinned.default)
     mode = os.environ.get(INSTALL_ENV, "1")
     if base.name not in {selected.name for selected in bases}:
-        return [_skipped(4, figure, base.name, "<= 1.2", "base not selected")]
+        return [_skipped(number, figure, base.name, "<= 1.2", "base not selected")]
     if mode == "0":
-        return [_skipped(4, figure, base.name, "<= 1.2", f"{INSTALL_ENV}=0")]
+        return [_skipped(number, figure, base.name, "<= 1.2", f"{INSTALL_ENV}=0")]
     dry_run = mode == "dry-run"
-    fork, pristine = install_seconds(base, dry_run)
+    uv_binary = tools.installed(tools.UV) if uv else None
+    fork, pristine = install_seconds(base, dry_run, uv_binary)
     ratio = fork / pristine
     measured = f"{ratio:.2f} ({fork:.0f} / {pristine:.0f} s)"
     holds = "dry run only" if dry_run else _verdict(ratio <= 1.2)
-    return [Row(4, figure, base.name, measured, "<= 1.2", holds)]
+    return [Row(number, figure, base.name, measured, "<= 1.2", holds)]
 
 
 # Each figure maps the selected bases to its rows, numbered as in the table.
@@ -453,6 +490,7 @@ FIGURES: list[Callable[[list[Base]], list[Row]]] = [
     aot_warm_start,
     lora_mapping,
     install_time,
+    uv_install_time,
 ]
 
 

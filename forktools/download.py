@@ -1,10 +1,13 @@
-"""Fetch pinned artifacts through pip's own client, cache and verify them.
+"""Fetch pinned artifacts through the user's installer, cache and verify them.
 
 pip's index and link handling is used (rather than a plain HTTP client) so
 that a user's index URL, extra indexes, ``--find-links`` wheelhouses,
 certificates and proxies from their pip configuration apply unchanged.
 ``pip download`` itself cannot be used for the sdist: it would try to build
 vLLM's metadata, which needs a full build toolchain.
+
+Under uv (``uv pip install -e .``) the file is looked up by uv instead, with
+the index settings the user gave uv: see ``uv_index``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from forktools import uv_index
 from forktools.pins import Artifact, ForkError, sha256_of
 
 
@@ -57,10 +61,27 @@ def fetch(artifact: Artifact) -> Path:
 
 
 def find_url(filename: str) -> str:
-    """The URL under which pip's configured indexes offer ``filename``."""
+    """The URL under which the user's configured indexes offer ``filename``.
+
+    uv's settings when uv runs this (its build backend or ``uv run``), else
+    pip's.
+    """
+    project = filename.split("-", 1)[0]
+    if uv := uv_index.running_uv():
+        url = uv_index.find_url(uv, project, filename)
+        if url is None:
+            raise ForkError(
+                f"{filename} is not offered by any package index or --find-links "
+                "location that uv is configured with (command line, UV_* "
+                "variables, uv.toml)"
+            )
+        return url
+    return _find_url_with_pip(project, filename)
+
+
+def _find_url_with_pip(project: str, filename: str) -> str:
     from pip._internal.commands import create_command
 
-    project = filename.split("-", 1)[0]
     command = create_command("download")
     options, _ = command.parse_args(["--no-deps", project])
     with command.main_context():

@@ -12,24 +12,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forktools import download, git, materialize, queue, upstream
-from forktools.pins import ROOT, Base, ForkError
+from forktools import git, materialize, queue, tools, upstream
+from forktools.pins import ROOT, Base
 
-RUFF = "ruff==0.14.0"  # upstream's pre-commit pin on both bases
 SUBJECT = re.compile(r"^(\[[A-Za-z][\w./ -]*\])+ \S")
 SPDX = "# SPDX-License-Identifier:"
 OUR_CODE = ["forktools", "setup.py"]
 
 
 def ruff() -> Path:
-    path = download.cache_dir() / "tools" / RUFF.replace("==", "-")
-    executable = path / "bin" / "ruff"
-    if not executable.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-        install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q", RUFF]
-        if subprocess.run(install).returncode != 0:
-            raise ForkError(f"could not install {RUFF} into {path}")
-    return executable
+    return tools.installed(tools.RUFF)
 
 
 def _ruff(cwd: Path, config: Path, files: list[str]) -> list[str]:

@@ -1,0 +1,27 @@
+"""Command-line tools the tooling installs for itself, pinned, in the cache."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from forktools import download
+from forktools.pins import ForkError
+
+RUFF = "ruff==0.14.0"  # upstream's pre-commit pin on both bases
+UV = "uv==0.13.9"
+
+
+def installed(requirement: str) -> Path:
+    """The executable of ``requirement`` (``name==version``), installed once
+    into a private virtual environment through pip."""
+    name = requirement.split("==")[0]
+    path = download.cache_dir() / "tools" / requirement.replace("==", "-")
+    executable = path / "bin" / name
+    if not executable.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+        install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q"]
+        if subprocess.run([*install, requirement]).returncode != 0:
+            raise ForkError(f"could not install {requirement} into {path}")
+    return executable
