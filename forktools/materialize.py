@@ -9,10 +9,13 @@ git. The repository root's ``vllm`` and ``tests`` link to the selected tree.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -91,13 +94,10 @@ def build(base: Base) -> Path:
     tree = tree_dir(base)
     staging = tree.with_name(f".{base.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
     try:
         print(f"vllm-fork: materializing the {base.name} tree", file=sys.stderr)
-        extract_sdist(download.fetch(base.sdist), staging)
-        git.run(staging, "init", "--quiet", "--initial-branch=fork")
-        commit_pristine(base, staging)
-        overlay_wheel(download.fetch(base.wheel_for_this_machine()), staging)
+        clone_pristine(pristine(base), staging)
         queue.apply(base, staging)
         record(staging, base)
     except BaseException:
@@ -105,6 +105,44 @@ def build(base: Base) -> Path:
         raise
     swap_in(staging, tree)
     return tree
+
+
+def pristine(base: Base) -> Path:
+    """The base's pristine tree (sdist committed, wheel files laid), shared by
+    every clone through the download cache; built once per pinned artifacts."""
+    wheel = base.wheel_for_this_machine()
+    key = f"{base.name}-{base.sdist.sha256[:12]}-{wheel.sha256[:12]}"
+    path = download.cache_dir() / "pristine" / key
+    if path.is_dir():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=path.parent))
+    try:
+        extract_sdist(download.fetch(base.sdist), staging)
+        git.run(staging, "init", "--quiet", "--initial-branch=fork")
+        commit_pristine(base, staging)
+        overlay_wheel(download.fetch(wheel), staging)
+        with contextlib.suppress(OSError):  # another process was first
+            staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def clone_pristine(source: Path, tree: Path) -> None:
+    """A tree of its own from the shared pristine one: git objects and the
+    wheel's files hard-linked where the file system allows, sources checked
+    out, nothing pointing back at the cache."""
+    git.run(source, "clone", "--quiet", "--local", "--branch", "fork", ".", str(tree))
+    git.run(tree, "remote", "remove", "origin")
+    exclude = Path(".git", "info", "exclude")
+    shutil.copy(source / exclude, tree / exclude)
+    for name in wheel_files(tree):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source / name, tree / name)
+        except OSError:
+            shutil.copy2(source / name, tree / name)
 
 
 def swap_in(staging: Path, tree: Path) -> None:
