@@ -37,8 +37,8 @@ test: ## everything CI runs: tooling tests, lint, check, verify
 pr: ## print the upstream PR body for patch number PATCH of BASE
 	$(forktools) pr $(base_arg) --patch $(PATCH)
 
-rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0), with a report
-	$(forktools) rebase --to $(TO)
+rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests), with a report
+	$(forktools) rebase --to $(TO) $(if $(PROBE),--probe-tests)
 
 bench: ## fork vs pristine costs, written to BENCHMARKS.md (VLLM_FORK_BENCH_INSTALL=0: quick)
 	$(forktools) bench $(base_arg)

@@ -85,7 +85,7 @@ def cmd_rebase(args) -> int:
     """Carry the newest queue onto a new upstream release, with a report."""
     from forktools import rebase
 
-    report = rebase.rebase(args.to)
+    report = rebase.rebase(args.to, probe_tests=args.probe_tests)
     print(report.read_text())
     return 0 if rebase.is_complete(report) else 1
 
@@ -165,6 +165,12 @@ def parser() -> argparse.ArgumentParser:
     )
     sub.choices["rebase"].add_argument(
         "--to", required=True, help="the upstream release to move to, e.g. 0.34.0"
+    )
+    sub.choices["rebase"].add_argument(
+        "--probe-tests",
+        action="store_true",
+        help="first run each fix's tests on the new release without it (builds "
+        "its test environment); all passing drops the patch as already upstream",
     )
     return top
 

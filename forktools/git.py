@@ -37,11 +37,16 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run(
-    tree: Path, *args: str, check: bool = True, env: dict[str, str] | None = None
+    tree: Path,
+    *args: str,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         ["git", "-C", str(tree), "-c", "core.abbrev=12", *args],
         env=_env(env),
+        input=input,
         capture_output=True,
         text=True,
     )

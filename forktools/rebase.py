@@ -9,7 +9,9 @@
    with a real merge base.
 3. Replay the previous queue patch by patch and classify each: applied as
    is, refreshed (context moved), conflict (left in the tree to resolve), or
-   already upstream and dropped, with the evidence.
+   already upstream and dropped, with the evidence. With ``probe_tests``, a
+   fix's own tests also run on the new release without it first: when they
+   all pass, upstream fixed the bug its own way and the patch is dropped.
 4. Write ``patches/<new>/``: the series and patches, and the report in
    ``REBASE.md`` and ``rebase.json``.
 
@@ -26,7 +28,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from forktools import download, git, materialize, pins, queue
+from forktools import download, git, materialize, pins, queue, venv, verify
 from forktools.pins import Artifact, Base, ForkError
 
 REPORT_MD = "REBASE.md"
@@ -59,7 +61,7 @@ class Result:
 # --- entry point -----------------------------------------------------------
 
 
-def rebase(version: str) -> Path:
+def rebase(version: str, probe_tests: bool = False) -> Path:
     """Rebase onto ``version``; returns the report. Idempotent once finished."""
     version = _plain_version(version)
     pinned = pins.load()
@@ -77,7 +79,7 @@ def rebase(version: str) -> Path:
         _refuse_existing_queue(target)
         build_tree(source, target)
         results = _previous_commits(tree, source)
-    return _replay(source, target, tree, results)
+    return _replay(source, target, tree, results, probe_tests)
 
 
 def is_complete(report: Path) -> bool:
@@ -262,11 +264,13 @@ def _resume(tree: Path, results: list[Result]) -> list[Result]:
 # --- replay ----------------------------------------------------------------
 
 
-def _replay(source: Base, target: Base, tree: Path, results: list[Result]) -> Path:
+def _replay(
+    source: Base, target: Base, tree: Path, results: list[Result], probe_tests: bool
+) -> Path:
     for result in results:
         if result.outcome != "pending":
             continue
-        _replay_one(source, target, tree, result)
+        _replay_one(source, target, tree, result, probe_tests)
         _write_state(tree, source, results)
         if result.outcome == "conflict":
             return _write_report(source, target, results, complete=False)
@@ -275,7 +279,9 @@ def _replay(source: Base, target: Base, tree: Path, results: list[Result]) -> Pa
     return _write_report(source, target, results, complete=True)
 
 
-def _replay_one(source: Base, target: Base, tree: Path, result: Result) -> None:
+def _replay_one(
+    source: Base, target: Base, tree: Path, result: Result, probe_tests: bool
+) -> None:
     print(f"rebase: {result.patch}", file=sys.stderr, flush=True)
     patch = source.patch_dir / result.patch
     if git.apply_check(tree, "base", patch, reverse=True).returncode == 0:
@@ -285,6 +291,16 @@ def _replay_one(source: Base, target: Base, tree: Path, result: Result) -> None:
             "already holds every hunk"
         ]
         return
+    if probe_tests and _is_fix(source, tree, result):
+        _probe_tests(target, tree, result)
+        if result.outcome == "upstream":
+            return
+    probed, result.evidence = result.evidence, []
+    _pick(target, tree, result)
+    result.evidence += probed
+
+
+def _pick(target: Base, tree: Path, result: Result) -> None:
     picked = git.run(
         tree, "cherry-pick", "--keep-redundant-commits", result.commit, check=False
     )
@@ -300,6 +316,52 @@ def _replay_one(source: Base, target: Base, tree: Path, result: Result) -> None:
         )
     result.outcome = "conflict"
     result.evidence = [c for path in unmerged for c in conflicts(tree, path)]
+
+
+def _is_fix(source: Base, tree: Path, result: Result) -> bool:
+    """Whether the patch changes sources, not only tests (which a probe needs)."""
+    test_only = source.patch_dir / "verify" / f"{result.patch}.without-fix.diff"
+    changed = git.out(tree, "diff", "--name-only", f"{result.commit}^", result.commit)
+    sources = [path for path in changed.split() if not path.startswith("tests/")]
+    return bool(sources) and not test_only.exists()
+
+
+def _probe_tests(target: Base, tree: Path, result: Result) -> None:
+    """Run the fix's tests on the new release without the fix (its test hunks
+    only, on the queue replayed so far). All passing means upstream fixed it."""
+    nodeids = verify.added_tests(tree, result.commit)
+    if not nodeids:
+        result.evidence.append("adds no test functions: tests not probed")
+        return
+    diff = ("diff", f"{result.commit}^", result.commit, "--", "tests")
+    tests = git.run(tree, *diff).stdout
+    python = venv.ensure(target)
+    with verify.scratch_worktree(tree) as worktree:
+        applied = git.run(worktree, "apply", "-3", "-", input=tests, check=False)
+        if applied.returncode != 0:
+            result.evidence.append(
+                f"its tests do not apply on {target.version} without it: not probed"
+                f" ({applied.stderr.strip().splitlines()[-1]})"
+            )
+            return
+        print(f"rebase: {result.patch}: its tests without it", file=sys.stderr)
+        outcome = verify.run_tests(python, worktree, nodeids)
+    counts = f"{outcome.passed} passed, {outcome.failed} failed of {len(nodeids)}"
+    if outcome.passed and not outcome.failed and not outcome.errors:
+        result.outcome = "upstream"
+        result.evidence = [
+            f"its tests pass on {target.version} without it ({counts}): upstream "
+            "fixed the bug its own way",
+            f"its tests are not upstream ({', '.join(sorted(nodeids))}): to keep "
+            "them, carry them as a Test-only patch with a verify/*.without-fix.diff",
+        ]
+    else:
+        problems = "; ".join(outcome.errors)
+        result.evidence.append(
+            f"its tests without it on {target.version}: {counts}"
+            + (f"; {problems}" if problems else "")
+            + ": still needed"
+        )
 
 
 def _classify_pick(tree: Path, target: Base, result: Result) -> None:

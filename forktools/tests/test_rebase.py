@@ -1,11 +1,12 @@
 """``make rebase``: pin a release, replay the queue, classify, report."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from forktools import cli, export, materialize, pins, rebase
+from forktools import cli, export, materialize, pins, rebase, venv
 from forktools.pins import ForkError
 
 from .conftest import CORE, git, publish, sha256
@@ -95,6 +96,49 @@ def test_source_hunks_that_empty_out_drop_the_patch(project):
     assert (project.root / "patches" / f"v{NEW}" / "series").read_text().count(
         ".patch"
     ) == 0
+
+
+THREE_TEST = "from vllm.core import layer_3\n\n\ndef test_three():\n    assert layer_3() == 33\n"
+
+
+def _queue_fix_with_test(project) -> None:
+    _queue(project, ("vllm/core.py", "return 3\n", "return 33\n"))
+    _queue(project, ("tests/test_three.py", "", THREE_TEST))
+    git(project.tree, "reset", "-q", "--soft", "HEAD~2")
+    git(project.tree, "commit", "-q", "-m", _message("[Bugfix] Fix with test"))
+    export.export(project.base)
+
+
+@pytest.fixture
+def probe_python(monkeypatch):
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+
+
+def test_fix_upstream_made_its_own_way_is_dropped_by_its_tests(project, probe_python):
+    _queue_fix_with_test(project)
+    publish(project.index, NEW, CORE.replace("return 3\n", "return 30 + 3\n"))
+    assert cli.main(["rebase", "--to", NEW, "--probe-tests"]) == 0
+    [patch] = _report(project)["patches"]
+    assert patch["outcome"] == "upstream"
+    assert "tests pass on 9.9.10 without it (1 passed, 0 failed of 1)" in (
+        patch["evidence"][0]
+    )
+    assert "tests/test_three.py::test_three" in patch["evidence"][1]
+    tree = project.root / ".fork" / "trees" / f"v{NEW}"
+    assert git(tree, "rev-parse", "HEAD") == git(tree, "rev-parse", "base")
+
+
+def test_fix_whose_tests_fail_without_it_is_kept_with_that_evidence(
+    project, probe_python
+):
+    _queue_fix_with_test(project)
+    publish(project.index, NEW, SHIFTED)
+    rebase.rebase(NEW, probe_tests=True)
+    [patch] = _report(project)["patches"]
+    assert patch["outcome"] == "refreshed"
+    assert patch["evidence"][-1] == (
+        "its tests without it on 9.9.10: 0 passed, 1 failed of 1: still needed"
+    )
 
 
 def test_conflict_names_file_and_hunk_and_loses_nothing(project, capsys):
