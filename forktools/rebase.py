@@ -25,6 +25,7 @@ import json
 import re
 import shutil
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -337,31 +338,73 @@ def _probe_tests(target: Base, tree: Path, result: Result) -> None:
     tests = git.run(tree, *diff).stdout
     python = venv.ensure(target)
     with verify.scratch_worktree(tree) as worktree:
-        applied = git.run(worktree, "apply", "-3", "-", input=tests, check=False)
-        if applied.returncode != 0:
+        problem = _apply_tests(worktree, tests, result)
+        if problem:
             result.evidence.append(
-                f"its tests do not apply on {target.version} without it: not probed"
-                f" ({applied.stderr.strip().splitlines()[-1]})"
+                f"its tests do not apply on {target.version} without it: not "
+                f"probed ({problem})"
             )
             return
         print(f"rebase: {result.patch}: its tests without it", file=sys.stderr)
         outcome = verify.run_tests(python, worktree, nodeids)
     counts = f"{outcome.passed} passed, {outcome.failed} failed of {len(nodeids)}"
-    if outcome.passed and not outcome.failed and not outcome.errors:
+    if outcome.failed:
+        result.evidence.append(
+            f"its tests without it on {target.version}: {counts}: still needed"
+        )
+    elif outcome.errors or not outcome.passed:
+        result.evidence.append(
+            f"its tests without it on {target.version} could not run, so they "
+            f"prove nothing: {'; '.join(outcome.errors)}"
+        )
+    else:
         result.outcome = "upstream"
-        result.evidence = [
+        result.evidence[:0] = [
             f"its tests pass on {target.version} without it ({counts}): upstream "
             "fixed the bug its own way",
             f"its tests are not upstream ({', '.join(sorted(nodeids))}): to keep "
             "them, carry them as a Test-only patch with a verify/*.without-fix.diff",
         ]
-    else:
-        problems = "; ".join(outcome.errors)
-        result.evidence.append(
-            f"its tests without it on {target.version}: {counts}"
-            + (f"; {problems}" if problems else "")
-            + ": still needed"
+
+
+def _apply_tests(worktree: Path, tests: str, result: Result) -> str:
+    """Apply the test hunks; where they conflict with tests upstream added in
+    the same place, keep both sides (a union merge). Returns what went wrong."""
+    applied = git.run(worktree, "apply", "-3", "-", input=tests, check=False)
+    if applied.returncode == 0:
+        return ""
+    unmerged = git.out(worktree, "diff", "--name-only", "--diff-filter=U").split()
+    if not unmerged:
+        return applied.stderr.strip().splitlines()[-1]
+    for path in unmerged:
+        if not _union_merge(worktree, path):
+            return f"{path} conflicts and has no common ancestor to merge from"
+    result.evidence.append(
+        f"its test hunks conflict with upstream's tests in {', '.join(unmerged)}; "
+        "probed with both kept (union merge)"
+    )
+    return ""
+
+
+def _union_merge(worktree: Path, path: str) -> bool:
+    staged = git.out(worktree, "ls-files", "--unmerged", "--", path).splitlines()
+    blobs = {line.split()[2]: line.split()[1] for line in staged}
+    if set(blobs) != {"1", "2", "3"}:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        versions = []
+        for stage in ("2", "1", "3"):  # ours, base, theirs
+            version = Path(tmp, stage)
+            version.write_text(
+                git.run(worktree, "cat-file", "blob", blobs[stage]).stdout
+            )
+            versions.append(str(version))
+        merged = git.run(
+            worktree, "merge-file", "-p", "--union", *versions, check=False
         )
+    (worktree / path).write_text(merged.stdout)
+    git.run(worktree, "add", "--", path)
+    return True
 
 
 def _classify_pick(tree: Path, target: Base, result: Result) -> None:

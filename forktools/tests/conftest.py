@@ -60,10 +60,13 @@ def _wheel(path: Path, files: dict = WHEEL_FILES) -> None:
             archive.writestr(name, text)
 
 
-def publish(index: Path, version: str, core: str) -> None:
-    """Put vLLM ``version`` with ``core`` as vllm/core.py in ``index``: its
-    sdist and x86_64 and aarch64 wheels."""
-    _sdist(index / f"vllm-{version}.tar.gz", version, {**SDIST_FILES, "vllm/core.py": core})
+def publish(index: Path, version: str, core: str, tests: str | None = None) -> None:
+    """Put vLLM ``version`` with ``core`` as vllm/core.py (and ``tests`` as
+    tests/test_core.py) in ``index``: its sdist and x86_64 and aarch64 wheels."""
+    files = {**SDIST_FILES, "vllm/core.py": core}
+    if tests is not None:
+        files["tests/test_core.py"] = tests
+    _sdist(index / f"vllm-{version}.tar.gz", version, files)
     wheel = {**WHEEL_FILES, "vllm/core.py": core}
     for arch in ("x86_64", "aarch64"):
         _wheel(index / f"vllm-{version}-py3-none-manylinux_2_17_{arch}.whl", wheel)

@@ -9,6 +9,7 @@ import pytest
 from forktools import cli, export, materialize, pins, rebase, venv
 from forktools.pins import ForkError
 
+from . import conftest
 from .conftest import CORE, git, publish, sha256
 
 NEW = "9.9.10"
@@ -126,6 +127,29 @@ def test_fix_upstream_made_its_own_way_is_dropped_by_its_tests(project, probe_py
     assert "tests/test_three.py::test_three" in patch["evidence"][1]
     tree = project.root / ".fork" / "trees" / f"v{NEW}"
     assert git(tree, "rev-parse", "HEAD") == git(tree, "rev-parse", "base")
+
+
+def test_probe_keeps_upstream_tests_added_in_the_same_place(project, probe_python):
+    core_tests = conftest.SDIST_FILES["tests/test_core.py"]
+    _queue(
+        project,
+        ("vllm/core.py", "return 3\n", "return 33\n"),
+        ("tests/test_core.py", "", "\n\n" + THREE_TEST.replace("three", "3")),
+    )
+    git(project.tree, "reset", "-q", "--soft", "HEAD~2")
+    git(project.tree, "commit", "-q", "-m", _message("[Bugfix] Fix with test"))
+    export.export(project.base)
+    upstream_test = "\n\ndef test_layer_3_upstream():\n    assert True\n"
+    core = CORE.replace("return 3\n", "return 30 + 3\n")
+    publish(project.index, NEW, core, tests=core_tests + upstream_test)
+    rebase.rebase(NEW, probe_tests=True)
+    [patch] = _report(project)["patches"]
+    assert patch["outcome"] == "upstream"
+    assert patch["evidence"][0].startswith("its tests pass on 9.9.10 without it")
+    assert patch["evidence"][2] == (
+        "its test hunks conflict with upstream's tests in tests/test_core.py; "
+        "probed with both kept (union merge)"
+    )
 
 
 def test_fix_whose_tests_fail_without_it_is_kept_with_that_evidence(
