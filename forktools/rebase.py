@@ -348,14 +348,17 @@ def _probe_tests(target: Base, tree: Path, result: Result) -> None:
         print(f"rebase: {result.patch}: its tests without it", file=sys.stderr)
         outcome = verify.run_tests(python, worktree, nodeids)
     counts = f"{outcome.passed} passed, {outcome.failed} failed of {len(nodeids)}"
-    if outcome.failed:
+    other = sorted(outcome.failure_types - verify.ASSERTIONS)
+    if other or outcome.errors or not outcome.passed + outcome.failed:
+        problems = [f"failed with {', '.join(other)}"] if other else []
         result.evidence.append(
-            f"its tests without it on {target.version}: {counts}: still needed"
+            f"its tests without it on {target.version} ({counts}) did not run as "
+            f"written, so they prove nothing: {'; '.join(problems + outcome.errors)}"
         )
-    elif outcome.errors or not outcome.passed:
+    elif outcome.failed:
         result.evidence.append(
-            f"its tests without it on {target.version} could not run, so they "
-            f"prove nothing: {'; '.join(outcome.errors)}"
+            f"its tests without it on {target.version}: {counts}, on assertions: "
+            "still needed"
         )
     else:
         result.outcome = "upstream"

@@ -161,7 +161,20 @@ def test_fix_whose_tests_fail_without_it_is_kept_with_that_evidence(
     [patch] = _report(project)["patches"]
     assert patch["outcome"] == "refreshed"
     assert patch["evidence"][-1] == (
-        "its tests without it on 9.9.10: 0 passed, 1 failed of 1: still needed"
+        "its tests without it on 9.9.10: 0 passed, 1 failed of 1, on assertions: "
+        "still needed"
+    )
+
+
+def test_fix_whose_tests_break_on_the_new_api_proves_nothing(project, probe_python):
+    _queue_fix_with_test(project)
+    publish(project.index, NEW, CORE.replace("layer_3():", "layer_3(scale):"))
+    assert cli.main(["rebase", "--to", NEW, "--probe-tests"]) == 1
+    [patch] = _report(project)["patches"]
+    assert patch["outcome"] == "conflict"
+    assert patch["evidence"][-1] == (
+        "its tests without it on 9.9.10 (0 passed, 1 failed of 1) did not run as "
+        "written, so they prove nothing: failed with TypeError"
     )
 
 
