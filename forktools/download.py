@@ -42,22 +42,32 @@ def fetch(artifact: Artifact) -> Path:
             file=sys.stderr,
         )
         target.unlink()
+    actual = _download_checked(find_url(artifact.file), target, artifact.sha256)
+    if actual:
+        raise ForkError(
+            f"sha256 mismatch for {artifact.file}: pinned {artifact.sha256}, "
+            f"downloaded {actual}. Nothing was installed. Check your package "
+            "index or wheelhouse; if upstream really re-published the file, "
+            "update upstream.toml after verifying the new file."
+        )
+    return target
+
+
+def _download_checked(url: str, target: Path, expected: str | None) -> str | None:
+    """Download ``url`` to ``target`` through a ``.part`` file. None once
+    ``target`` holds it; if its sha256 is not ``expected`` (when one is given),
+    that sha256, and nothing is kept."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
     try:
-        _download(find_url(artifact.file), partial)
+        _download(url, partial)
         actual = sha256_of(partial)
-        if actual != artifact.sha256:
-            raise ForkError(
-                f"sha256 mismatch for {artifact.file}: pinned {artifact.sha256}, "
-                f"downloaded {actual}. Nothing was installed. Check your package "
-                "index or wheelhouse; if upstream really re-published the file, "
-                "update upstream.toml after verifying the new file."
-            )
+        if expected not in (None, actual):
+            return actual
         partial.replace(target)
+        return None
     finally:
         partial.unlink(missing_ok=True)
-    return target
 
 
 def find_url(filename: str) -> str:
@@ -79,7 +89,8 @@ def find_url(filename: str) -> str:
     return _find_url_with_pip(project, filename)
 
 
-def _find_url_with_pip(project: str, filename: str) -> str:
+def _pip_candidates(project: str, target_python=None) -> list:
+    """Every file of ``project`` that pip's configured indexes offer."""
     from pip._internal.commands import create_command
 
     command = create_command("download")
@@ -87,11 +98,18 @@ def _find_url_with_pip(project: str, filename: str) -> str:
     with command.main_context():
         session = command.get_default_session(options)
         finder = command._build_package_finder(
-            options=options, session=session, ignore_requires_python=True
+            options=options,
+            session=session,
+            target_python=target_python,
+            ignore_requires_python=True,
         )
-        for candidate in finder.find_all_candidates(project):
-            if candidate.link.filename == filename:
-                return candidate.link.url
+        return finder.find_all_candidates(project)
+
+
+def _find_url_with_pip(project: str, filename: str) -> str:
+    for candidate in _pip_candidates(project):
+        if candidate.link.filename == filename:
+            return candidate.link.url
     raise ForkError(
         f"{filename} is not offered by any configured package index or "
         "--find-links location; check your pip configuration (pip config list)"
@@ -117,31 +135,20 @@ def offers(project: str, version: str) -> list[Offer]:
     Wheels are looked up for every manylinux platform of both architectures,
     not only for this machine, so that all pins come from one query.
     """
-    from pip._internal.commands import create_command
     from pip._internal.models.target_python import TargetPython
 
     platforms = [
         f"manylinux_2_{minor}_{arch}" for arch in ARCHES for minor in _MANYLINUX
     ]
-    command = create_command("download")
-    options, _ = command.parse_args(["--no-deps", project])
-    with command.main_context():
-        session = command.get_default_session(options)
-        finder = command._build_package_finder(
-            options=options,
-            session=session,
-            target_python=TargetPython(platforms=platforms),
-            ignore_requires_python=True,
+    found = {
+        c.link.filename: Offer(
+            c.link.filename,
+            c.link.url,
+            c.link.hash if c.link.hash_name == "sha256" else None,
         )
-        found = {
-            c.link.filename: Offer(
-                c.link.filename,
-                c.link.url,
-                c.link.hash if c.link.hash_name == "sha256" else None,
-            )
-            for c in finder.find_all_candidates(project)
-            if str(c.version) == version
-        }
+        for c in _pip_candidates(project, TargetPython(platforms=platforms))
+        if str(c.version) == version
+    }
     return sorted(found.values(), key=lambda offer: offer.file)
 
 
@@ -154,20 +161,13 @@ def fetch_offer(offer: Offer) -> Path:
     target = cache_dir() / "downloads" / offer.file
     if target.exists() and offer.published_sha256 in (None, sha256_of(target)):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")
-    try:
-        _download(offer.url, partial)
-        actual = sha256_of(partial)
-        if offer.published_sha256 not in (None, actual):
-            raise ForkError(
-                f"sha256 mismatch for {offer.file}: the index publishes "
-                f"{offer.published_sha256}, the downloaded file has {actual}. "
-                "Nothing was pinned. Check your package index or wheelhouse."
-            )
-        partial.replace(target)
-    finally:
-        partial.unlink(missing_ok=True)
+    actual = _download_checked(offer.url, target, offer.published_sha256)
+    if actual:
+        raise ForkError(
+            f"sha256 mismatch for {offer.file}: the index publishes "
+            f"{offer.published_sha256}, the downloaded file has {actual}. "
+            "Nothing was pinned. Check your package index or wheelhouse."
+        )
     return target
 
 

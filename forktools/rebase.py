@@ -321,10 +321,8 @@ def _pick(target: Base, tree: Path, result: Result) -> None:
 
 def _is_fix(source: Base, tree: Path, result: Result) -> bool:
     """Whether the patch changes sources, not only tests (which a probe needs)."""
-    test_only = source.patch_dir / "verify" / f"{result.patch}.without-fix.diff"
-    changed = git.out(tree, "diff", "--name-only", f"{result.commit}^", result.commit)
-    sources = [path for path in changed.split() if not path.startswith("tests/")]
-    return bool(sources) and not test_only.exists()
+    test_only = verify.without_fix_diff(source, result.patch).exists()
+    return bool(verify.changed_sources(tree, result.commit)) and not test_only
 
 
 def _probe_tests(target: Base, tree: Path, result: Result) -> None:
@@ -517,10 +515,10 @@ def _finish(source: Base, target: Base, tree: Path, results: list[Result]) -> No
 
 def _carry_verify_diff(source: Base, target: Base, tree: Path, result: Result) -> None:
     """Bring a test-only patch's without-fix diff along, and check it applies."""
-    old = source.patch_dir / "verify" / f"{result.patch}.without-fix.diff"
+    old = verify.without_fix_diff(source, result.patch)
     if not old.exists():
         return
-    new = target.patch_dir / "verify" / f"{result.new_patch}.without-fix.diff"
+    new = verify.without_fix_diff(target, result.new_patch)
     new.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(old, new)
     if git.apply_check(tree, "HEAD", new).returncode == 0:

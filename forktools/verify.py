@@ -155,13 +155,23 @@ def scratch_worktree(tree: Path):
         shutil.rmtree(path, ignore_errors=True)
 
 
+def without_fix_diff(base: Base, patch: str) -> Path:
+    """Where a test-only patch keeps the diff that puts its bug back."""
+    return base.patch_dir / "verify" / f"{patch}.without-fix.diff"
+
+
+def changed_sources(tree: Path, commit: str) -> list[str]:
+    """The files other than tests that ``commit`` changes."""
+    return [p for p in _changed(tree, commit) if not p.startswith("tests/")]
+
+
 def without_fix(base: Base, entry: queue.Entry, worktree: Path, commit: str) -> str:
     """Undo the fix in ``worktree``; returns a description of what was done."""
-    bug = base.patch_dir / "verify" / f"{entry.name}.without-fix.diff"
+    bug = without_fix_diff(base, entry.name)
     if bug.exists():
         git.run(worktree, "apply", str(bug))
         return f"applied {bug.relative_to(ROOT)}"
-    sources = [p for p in _changed(worktree, commit) if not p.startswith("tests/")]
+    sources = changed_sources(worktree, commit)
     if not sources:
         raise ForkError(
             f"patches/{base.name}/{entry.name} changes only tests; add "
