@@ -15,15 +15,16 @@ from forktools.table import render
 HEADER = ("base", "#", "patch", "subject", "upstream status", "newer releases")
 
 
-def in_release(base: Base, entry: queue.Entry, newer: Base) -> str:
-    """Whether ``newer`` already holds ``entry`` of ``base``'s queue."""
+def in_release(
+    base: Base, entry: queue.Entry, status: upstream.Status | None, newer: Base
+) -> str:
+    """Whether ``newer`` already holds ``entry`` of ``base``'s queue, whose
+    trailer says ``status`` (None where it has no valid one)."""
     tree = materialize.ensure(newer)
     patch = base.patch_dir / entry.name
     if git.apply_check(tree, "base", patch, reverse=True).returncode == 0:
         return "in (reverse-applies)"
-    try:
-        status = entry.upstream_status(base)
-    except upstream.StatusError:
+    if status is None:
         return "needed"
     released = status.released_in if status.kind == "Backport" else None
     if released and pins.version_key(released) <= pins.version_key(newer.version):
@@ -42,15 +43,17 @@ def rows(bases: list[Base], pinned: pins.Pins) -> list[tuple[str, ...]]:
         entries = queue.entries(base)
         for number, entry in enumerate(entries, 1):
             try:
-                status = str(entry.upstream_status(base))
+                status = entry.upstream_status(base)
             except upstream.StatusError:
-                status = "MISSING (see make lint)"
+                status = None
             releases = "; ".join(
-                f"{other.name}: {in_release(base, entry, other)}" for other in newer
+                f"{other.name}: {in_release(base, entry, status, other)}"
+                for other in newer
             )
+            shown = str(status) if status else "MISSING (see make lint)"
             subject = entry.subject(base)
             result.append(
-                (base.name, str(number), entry.name, subject, status, releases or "-")
+                (base.name, str(number), entry.name, subject, shown, releases or "-")
             )
         if not entries:
             result.append((base.name, "-", "(empty queue)", "", "", ""))
