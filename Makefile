@@ -4,7 +4,7 @@ BASE ?=
 base_arg = $(if $(BASE),--base $(BASE))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check status verify lint test venv pr bench rebase
+.PHONY: help fork export check status verify lint test venv pr bench rebase wheel
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -27,6 +27,9 @@ verify: ## each commit: its tests pass with it, fail without it
 
 lint: ## ruff on our code and on every queue under its base's settings
 	$(forktools) lint $(base_arg)
+
+wheel: ## the fork wheel for fleets in dist/ (ALL=1: every pinned platform)
+	$(forktools) wheel $(base_arg) $(if $(ALL),--all-platforms)
 
 venv: ## build the per-base test environments (cached)
 	$(forktools) venv $(base_arg)

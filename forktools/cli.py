@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from forktools import check, export, materialize, pins
 from forktools.pins import ForkError
@@ -90,6 +91,27 @@ def cmd_rebase(args) -> int:
     return 0 if rebase.is_complete(report) else 1
 
 
+def cmd_wheel(args) -> int:
+    """Build the fork wheel: the pinned upstream wheel with the queue in place."""
+    import time
+
+    from forktools import wheel
+
+    base = pins.load().get(args.base)
+    artifacts = base.wheels if args.all_platforms else [base.wheel_for_this_machine()]
+    out = Path(args.out) if args.out else wheel.default_out()
+    for artifact in artifacts:
+        started = time.monotonic()
+        built = wheel.build(base, artifact, out)
+        manifest = wheel.write_manifest(built)
+        seconds = time.monotonic() - started
+        print(f"{built.path}  ({seconds:.1f} s)")
+        print(f"  sha256 {built.sha256}")
+        print(f"  from {artifact.file} (sha256 {artifact.sha256})")
+        print(f"  manifest {manifest}")
+    return 0
+
+
 def cmd_venv(args) -> int:
     """Build (if needed) and print each base's test environment."""
     from forktools import venv
@@ -135,6 +157,7 @@ COMMANDS = {
     "bench": cmd_bench,
     "pr": cmd_pr,
     "rebase": cmd_rebase,
+    "wheel": cmd_wheel,
     "venv": cmd_venv,
     "test": cmd_test,
 }
@@ -142,6 +165,7 @@ BASE_DEFAULT = {
     "fork": "$VLLM_FORK_BASE, else upstream.toml's default",
     "export": "the selected tree's",
     "pr": "$VLLM_FORK_BASE, else upstream.toml's default",
+    "wheel": "$VLLM_FORK_BASE, else upstream.toml's default",
 }
 
 
@@ -171,6 +195,15 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="first run each fix's tests on the new release without it (builds "
         "its test environment); all passing drops the patch as already upstream",
+    )
+    sub.choices["wheel"].add_argument(
+        "--all-platforms",
+        action="store_true",
+        help="one wheel per pinned upstream wheel (x86_64, aarch64), not only "
+        "this machine's",
+    )
+    sub.choices["wheel"].add_argument(
+        "--out", help="where to write the wheels (default: dist/ in the repository)"
     )
     return top
 

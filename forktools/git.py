@@ -79,3 +79,18 @@ def apply_check(
             check=False,
             env=env,
         )
+
+
+def blob(tree: Path, name: str) -> bytes:
+    """The bytes of the blob ``name`` (a sha or ``rev:path``), as stored."""
+    result = subprocess.run(
+        ["git", "-C", str(tree), "cat-file", "blob", name],
+        env=_env(),
+        capture_output=True,
+    )
+    if result.returncode != 0:
+        raise ForkError(
+            f"git cat-file blob {name} failed in {tree}:\n"
+            f"{result.stderr.decode(errors='replace').strip()}"
+        )
+    return result.stdout

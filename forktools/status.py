@@ -8,7 +8,7 @@ tree. A backport rarely does (upstream wrote its own fix), so for a
 
 from __future__ import annotations
 
-from forktools import git, materialize, pins, queue, upstream
+from forktools import git, materialize, pins, queue, upstream, wheel
 from forktools.pins import Base
 from forktools.table import render
 
@@ -67,4 +67,21 @@ def main(bases: list[Base]) -> int:
     if current:
         selected = pinned.get(current)
         print(f"\nselected: {current} ({materialize.version(selected)})")
+    for line in wheel_lines(bases):
+        print(line)
     return 0
+
+
+def wheel_lines(bases: list[Base]) -> list[str]:
+    """One line per fork wheel in dist/: its sha256 and the upstream wheel's."""
+    lines = []
+    for base in bases:
+        for built in wheel.manifests(base):
+            upstream_wheel = built["upstream_wheel"]
+            stale = built["version"] != materialize.version(base)
+            lines.append(
+                f"wheel: dist/{built['wheel']} sha256 {built['sha256']}, from "
+                f"{upstream_wheel['file']} sha256 {upstream_wheel['sha256']}"
+                + (" (stale: the queue changed; run make wheel)" if stale else "")
+            )
+    return lines

@@ -1,0 +1,202 @@
+"""`make wheel`: the upstream wheel with the queue in place, reproducible."""
+
+import base64
+import csv
+import hashlib
+import io
+import platform
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from forktools import cli, export, materialize, status, wheel
+
+from .conftest import BASE, SDIST_FILES, VERSION, WHEEL_FILES, _sdist, git, sha256
+
+DIST_INFO = f"vllm-{VERSION}.dist-info"
+UPSTREAM = {
+    **WHEEL_FILES,
+    "vllm/legacy.py": "OLD = True\n",
+    "vllm/launch.sh": "#!/bin/sh\nexec vllm serve\n",
+    f"{DIST_INFO}/WHEEL": (
+        "Wheel-Version: 1.0\nGenerator: setuptools (80.10.2)\n"
+        "Root-Is-Purelib: false\nTag: py3-none-linux_{arch}\n\n"
+    ),
+    f"{DIST_INFO}/licenses/LICENSE": "Apache License 2.0\n",
+}
+EXECUTABLE = {"vllm/launch.sh", "vllm/_C.abi3.so"}
+PATCHED_CORE = SDIST_FILES["vllm/core.py"].replace("return 3\n", "return 33\n")
+ADDED = "ADDED = 'by the queue'\n"
+
+
+def upstream_wheel(path: Path, arch: str) -> None:
+    """A wheel as setuptools writes it: deflated, modes, WHEEL and RECORD."""
+    files = {name: text.format(arch=arch).encode() for name, text in UPSTREAM.items()}
+    rows = [[name, *wheel._hash(data)] for name, data in files.items()]
+    files[f"{DIST_INFO}/RECORD"] = wheel._csv([*rows, [f"{DIST_INFO}/RECORD", "", ""]])
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            info = zipfile.ZipInfo(name, date_time=(2026, 11, 1, 9, 25, 6))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            mode = 0o755 if name in EXECUTABLE else 0o644
+            info.external_attr = (0o100000 | mode) << 16
+            archive.writestr(info, data)
+
+
+def wheel_name(arch: str) -> str:
+    return f"vllm-{VERSION}-py3-none-manylinux_2_17_{arch}.whl"
+
+
+@pytest.fixture
+def fleet(project):
+    """The miniature release pinned for x86_64 and aarch64, and a one-patch
+    queue that changes vllm/core.py, adds vllm/added.py, removes
+    vllm/legacy.py and touches tests/ (which no wheel ships)."""
+    _sdist(project.sdist, VERSION, {**SDIST_FILES, "vllm/legacy.py": "OLD = True\n"})
+    wheels = []
+    for arch in ("x86_64", "aarch64"):
+        upstream_wheel(project.index / wheel_name(arch), arch)
+        wheels.append(
+            f'{{ file = "{wheel_name(arch)}", '
+            f'sha256 = "{sha256(project.index / wheel_name(arch))}" }}'
+        )
+    (project.root / "upstream.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            default = "{BASE}"
+            [bases."{BASE}"]
+            version = "{VERSION}"
+            sdist = {{ file = "{project.sdist.name}", sha256 = "{sha256(project.sdist)}" }}
+            wheels = [{", ".join(wheels)}]
+            """
+        )
+    )
+    tree = materialize.ensure(project.base)
+    (tree / "vllm/core.py").write_text(PATCHED_CORE)
+    (tree / "vllm/added.py").write_text(ADDED)
+    (tree / "tests/test_core.py").write_text("def test_layer_3():\n    pass\n")
+    git(tree, "rm", "-q", "vllm/legacy.py")
+    git(tree, "add", "vllm", "tests")
+    git(tree, "commit", "-q", "-s", "-m", "[Bugfix][Core] Make layer 3 return 33")
+    export.export(project.base)
+    return project
+
+
+def this_machine() -> str:
+    return wheel_name(platform.machine())
+
+
+def build(project, out: Path) -> wheel.Built:
+    artifact = project.base.wheel_for_this_machine()
+    return wheel.build(project.base, artifact, out)
+
+
+def read_all(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def test_fork_wheel_is_upstream_with_the_queue_in_place(fleet, tmp_path):
+    built = build(fleet, tmp_path / "dist")
+    version = materialize.version(fleet.base)
+    fork_info = f"vllm-{version}.dist-info"
+
+    assert built.path.name == f"vllm-{version}-py3-none-manylinux_2_17_{platform.machine()}.whl"
+    upstream, fork = read_all(fleet.index / this_machine()), read_all(built.path)
+    assert fork["vllm/core.py"].decode() == PATCHED_CORE
+    assert fork["vllm/added.py"].decode() == ADDED
+    assert "vllm/legacy.py" not in fork
+    assert not [name for name in fork if name.startswith(("tests/", DIST_INFO))]
+    assert f"__version__ = version = {version!r}" in fork["vllm/_version.py"].decode()
+    for name in ("vllm/_C.abi3.so", "vllm/__init__.py", "vllm/launch.sh"):
+        assert fork[name] == upstream[name]
+    for name in ("WHEEL", "entry_points.txt", "licenses/LICENSE"):
+        assert fork[f"{fork_info}/{name}"] == upstream[f"{DIST_INFO}/{name}"]
+    metadata = fork[f"{fork_info}/METADATA"].decode()
+    upstream_metadata = upstream[f"{DIST_INFO}/METADATA"].decode()
+    assert metadata == upstream_metadata.replace(
+        f"Version: {VERSION}\n", f"Version: {version}\n"
+    )
+    with zipfile.ZipFile(built.path) as archive:
+        modes = {info.filename: info.external_attr >> 16 for info in archive.infolist()}
+    assert modes["vllm/_C.abi3.so"] == modes["vllm/launch.sh"] == 0o100755
+    assert modes["vllm/core.py"] == modes["vllm/added.py"] == 0o100644
+
+
+def test_record_lists_every_file_with_its_hash(fleet, tmp_path):
+    built = build(fleet, tmp_path / "dist")
+    files = read_all(built.path)
+    record_name = f"vllm-{materialize.version(fleet.base)}.dist-info/RECORD"
+
+    assert list(files)[-1] == record_name
+    rows = list(csv.reader(io.StringIO(files.pop(record_name).decode())))
+    assert rows[-1] == [record_name, "", ""]
+    recorded = {name: (digest, size) for name, digest, size in rows[:-1]}
+    assert sorted(recorded) == sorted(files)
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest())
+        assert recorded[name] == (f"sha256={digest.rstrip(b'=').decode()}", str(len(data)))
+
+
+def test_two_builds_are_byte_identical(fleet, tmp_path):
+    first = build(fleet, tmp_path / "first")
+    materialize.build(fleet.base)  # a fresh tree: new commit dates, same queue
+    (fleet.tree / "vllm/core.py").write_text("unexported edit\n")
+    second = build(fleet, tmp_path / "second")
+
+    assert first.path.read_bytes() == second.path.read_bytes()
+    assert first.sha256 == second.sha256 == sha256(second.path)
+
+
+def test_manifest_and_status_name_the_inputs_and_the_wheel(fleet, capsys):
+    assert cli.main(["wheel", "--all-platforms"]) == 0
+    dist = fleet.root / "dist"
+    version = materialize.version(fleet.base)
+
+    built = sorted(path.name for path in dist.glob("*.whl"))
+    assert built == sorted(
+        f"vllm-{version}-py3-none-manylinux_2_17_{arch}.whl"
+        for arch in ("aarch64", "x86_64")
+    )
+    [x86, aarch] = [
+        m for arch in ("x86_64", "aarch64")
+        for m in wheel.manifests(fleet.base) if arch in m["wheel"]
+    ]  # fmt: skip
+    assert aarch["upstream_wheel"] == {
+        "file": wheel_name("aarch64"),
+        "sha256": sha256(fleet.index / wheel_name("aarch64")),
+    }
+    assert x86["sha256"] == sha256(dist / x86["wheel"])
+    assert x86["version"] == version and x86["base"] == BASE
+    assert len(x86["queue"]["patches"]) == 1
+    assert x86["changed"] == ["vllm/added.py", "vllm/core.py"]
+    assert x86["removed"] == ["vllm/legacy.py"]
+    lines = status.wheel_lines([fleet.base])
+    assert f"wheel: dist/{x86['wheel']} sha256 {x86['sha256']}, from " in "".join(lines)
+    assert x86["sha256"] in capsys.readouterr().out
+
+
+def test_pip_installs_the_wheel_into_a_fresh_venv(fleet, tmp_path):
+    built = build(fleet, tmp_path / "dist")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    install = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*install, built.path], check=True)
+
+    script = (
+        "import importlib.metadata, pathlib, vllm, vllm.added, vllm.core; "
+        "print(vllm.__version__, importlib.metadata.version('vllm'), "
+        "vllm.core.layer_3(), vllm.added.ADDED, "
+        "(pathlib.Path(vllm.__file__).parent / '_C.abi3.so').exists())"
+    )
+    shown = subprocess.run(
+        [python, "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.split()
+    version = materialize.version(fleet.base)
+    assert shown == [version, version, "33", "by", "the", "queue", "True"]
+    assert (venv / "bin" / "vllm").exists()
