@@ -4,7 +4,9 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import platform
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from forktools import cli, export, materialize, status, wheel
+from forktools import build_backend, cli, export, materialize, status, wheel
+from forktools.pins import ROOT
 
 from .conftest import BASE, SDIST_FILES, VERSION, WHEEL_FILES, _sdist, git, sha256
+from .test_editable_install import build_wheelhouse  # noqa: F401 (a fixture)
 
 DIST_INFO = f"vllm-{VERSION}.dist-info"
 UPSTREAM = {
@@ -200,3 +204,40 @@ def test_pip_installs_the_wheel_into_a_fresh_venv(fleet, tmp_path):
     version = materialize.version(fleet.base)
     assert shown == [version, version, "33", "by", "the", "queue", "True"]
     assert (venv / "bin" / "vllm").exists()
+
+
+def test_pip_wheel_of_the_repository_is_the_make_wheel_wheel(
+    fleet,
+    tmp_path,
+    build_wheelhouse,  # noqa: F811
+):
+    for name in ("setup.py", "pyproject.toml"):
+        shutil.copy(ROOT / name, fleet.root / name)
+    shutil.copytree(
+        ROOT / "forktools",
+        fleet.root / "forktools",
+        ignore=shutil.ignore_patterns("tests", "__pycache__"),
+    )
+    env = {
+        **os.environ,
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_FIND_LINKS": f"{build_wheelhouse} {fleet.index}",
+    }
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", "out", "."]
+    result = subprocess.run(
+        command, cwd=fleet.root, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    [from_pip] = (fleet.root / "out").glob("*.whl")
+    from_make = build(fleet, tmp_path / "dist")
+    assert from_pip.name == from_make.path.name
+    assert from_pip.read_bytes() == from_make.path.read_bytes()
+    assert not (fleet.root / "vllm").exists()  # building switched no base
+
+
+def test_sdist_refuses_and_points_to_make_wheel(tmp_path):
+    with pytest.raises(SystemExit) as refused:
+        build_backend.build_sdist(str(tmp_path))
+    assert "`make wheel`" in str(refused.value.code)
+    assert list(tmp_path.iterdir()) == []
