@@ -57,6 +57,10 @@ class Base:
         )
 
     @property
+    def artifacts(self) -> tuple[Artifact, ...]:
+        return (self.sdist, *self.wheels)
+
+    @property
     def patch_dir(self) -> Path:
         return ROOT / "patches" / self.name
 

@@ -3,7 +3,7 @@ import pytest
 from forktools import check, export, materialize, queue
 from forktools.pins import ForkError
 
-from .conftest import BASE, VERSION, git
+from .conftest import BASE, VERSION, WHEEL_FILES, _wheel, git
 
 FIX = "[Bugfix][Core] Make layer 3 return 33"
 
@@ -149,3 +149,15 @@ def test_check_flags_patch_that_needs_another(project):
     names = export.export(project.base)
     [problem] = check.problems(project.base)
     assert names[1] in problem and "alone" in problem
+
+
+def test_repin_rebuilds_the_tree_and_changes_the_version(project):
+    materialize.ensure(project.base)
+    before = materialize.version(project.base)
+    _wheel(project.wheel, {**WHEEL_FILES, "vllm/_C.abi3.so": "\x7fELF rebuilt"})
+    project.pin()
+    assert materialize.version(project.base) != before
+    tree = materialize.ensure(project.base)
+    assert (tree / "vllm/_C.abi3.so").read_text() == "\x7fELF rebuilt"
+    version = materialize.version(project.base)
+    assert repr(version) in (tree / "vllm/_version.py").read_text()
