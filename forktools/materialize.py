@@ -42,8 +42,13 @@ def read_state(tree: Path) -> dict:
 
 
 def record(tree: Path, base: Base) -> None:
-    """Remember the queue and commit the tree now matches."""
-    state = {"queue": queue.queue_id(base), "head": git.out(tree, "rev-parse", "HEAD")}
+    """Remember the queue, the pins and the commit the tree now matches."""
+    state = {
+        "queue": queue.queue_id(base),
+        "head": git.out(tree, "rev-parse", "HEAD"),
+        "patches": queue.digests(base),
+        "pins": {artifact.file: artifact.sha256 for artifact in base.artifacts},
+    }
     (tree / ".git" / STATE).write_text(json.dumps(state, indent=2) + "\n")
     (tree / VERSION_FILE).write_text(_version_module(version(base)))
 

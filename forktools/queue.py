@@ -132,9 +132,9 @@ def _am_failure(base: Base, name: str, stderr: str) -> str:
     )
 
 
-def export_to(tree: Path, since: str, dest: Path) -> list[Path]:
+def export_to(tree: Path, since: str, dest: Path, until: str = "HEAD") -> list[Path]:
     """Write the commits after ``since`` as mbox patches into ``dest``."""
-    names = git.out(tree, *FORMAT_PATCH, "-o", str(dest), f"{since}..HEAD")
+    names = git.out(tree, *FORMAT_PATCH, "-o", str(dest), f"{since}..{until}")
     return [Path(line) for line in names.splitlines()]
 
 
