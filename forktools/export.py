@@ -10,7 +10,11 @@ from forktools.pins import Base, ForkError, sha256_of
 
 
 def export(base: Base) -> list[str]:
-    tree = materialize.tree_dir(base)
+    with materialize.tree_lock(base):
+        return _export(base, materialize.tree_dir(base))
+
+
+def _export(base: Base, tree: Path) -> list[str]:
     if not (tree / ".git").exists():
         raise ForkError(f"no {base.name} tree to export; run `make fork` first")
     dirty = git.out(tree, "status", "--porcelain", "--untracked-files=all")

@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from forktools import download, git, pins, queue
+from forktools import download, git, locks, pins, queue
 from forktools.pins import Base, ForkError
 
 SDIST_PARTS = ("vllm/", "tests/", "pyproject.toml")
@@ -88,14 +88,28 @@ def is_current(base: Base) -> bool:
 def ensure(base: Base) -> Path:
     """The base's tree, (re)built when its queue changed. Idempotent."""
     tree = tree_dir(base)
-    if not is_current(base):
-        refuse_if_unexported(tree, f"rebuild the {base.name} tree")
-        build(base)
+    if is_current(base):
+        return tree
+    with tree_lock(base):
+        if not is_current(base):
+            refuse_if_unexported(tree, f"rebuild the {base.name} tree")
+            _build(base)
     return tree
+
+
+def tree_lock(base: Base):
+    """Held while a run rebuilds or exports the base's tree in this clone."""
+    lock = pins.ROOT / ".fork" / "locks" / f"tree-{base.name}.lock"
+    return locks.held(lock, f"to build or export the {base.name} tree")
 
 
 def build(base: Base) -> Path:
     """Materialize into a staging directory, then swap it into place."""
+    with tree_lock(base):
+        return _build(base)
+
+
+def _build(base: Base) -> Path:
     tree = tree_dir(base)
     staging = tree.with_name(f".{base.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
@@ -120,18 +134,25 @@ def pristine(base: Base) -> Path:
     path = download.cache_dir() / "pristine" / key
     if path.is_dir():
         return path
+    lock = download.lock_file(f"pristine-{key}")
+    with locks.held(lock, f"to build the {base.name} pristine tree"):
+        if not path.is_dir():
+            _build_pristine(base, path)
+    return path
+
+
+def _build_pristine(base: Base, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=path.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         extract_sdist(download.fetch(base.sdist), staging)
         git.run(staging, "init", "--quiet", "--initial-branch=fork")
         commit_pristine(base, staging)
-        overlay_wheel(download.fetch(wheel), staging)
-        with contextlib.suppress(OSError):  # another process was first
+        overlay_wheel(download.fetch(base.wheel_for_this_machine()), staging)
+        with contextlib.suppress(OSError):  # older tooling, which takes no lock
             staging.rename(path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return path
 
 
 def clone_pristine(source: Path, tree: Path) -> None:
@@ -224,6 +245,12 @@ def _version_module(text: str) -> str:
 
 def select(base: Base) -> None:
     """Point the root ``vllm`` and ``tests`` at the base's tree."""
+    lock = pins.ROOT / ".fork" / "locks" / "select.lock"
+    with locks.held(lock, f"to switch vllm/ and tests/ to {base.name}"):
+        _select(base)
+
+
+def _select(base: Base) -> None:
     tree = tree_dir(base)
     for name in LINKED:
         link = pins.ROOT / name

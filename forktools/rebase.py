@@ -184,7 +184,11 @@ def _pin(offer: download.Offer) -> Artifact:
 
 def build_tree(source: Base, target: Base) -> Path:
     """The target's tree: previous release and queue, then the new release."""
-    tree = materialize.tree_dir(target)
+    with materialize.tree_lock(target):
+        return _build_tree(source, target, materialize.tree_dir(target))
+
+
+def _build_tree(source: Base, target: Base, tree: Path) -> Path:
     if tree.exists():
         materialize.refuse_if_unexported(tree, f"rebuild the {target.name} tree")
     staging = tree.with_name(f".{target.name}.staging")
