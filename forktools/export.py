@@ -23,6 +23,10 @@ def _export(base: Base, tree: Path) -> list[str]:
             f"{tree} has uncommitted changes:\n{dirty}\nCommit them in the tree "
             "(`cd vllm && git commit -s`, one commit per patch), then export."
         )
+    edited = materialize.wheel_edits(tree)
+    if edited:
+        problem = materialize.wheel_edits_problem(tree, edited)
+        raise ForkError(f"refusing to export {base.name}: {problem}")
     refuse_if_changed_since_built(base, tree)
     names = queue.write(base, tree, "base")
     materialize.record(tree, base)
