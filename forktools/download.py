@@ -207,22 +207,33 @@ def fetch_offer(offer: Offer) -> Path:
 
 def _download(url: str, dest: Path, name: str) -> None:
     from pip._internal.commands import create_command
+    from pip._vendor.requests import RequestException
 
     command = create_command("download")
     options, _ = command.parse_args([])
     with command.main_context():
         session = command.get_default_session(options)
-        response = session.get(
-            url, stream=True, headers={"Accept-Encoding": "identity"}
-        )
-        response.raise_for_status()
-        total = int(response.headers.get("content-length") or 0)
-        progress = _Progress(name, total)
-        with dest.open("wb") as f:
-            for chunk in response.iter_content(chunk_size=1 << 20):
-                f.write(chunk)
-                progress.advance(len(chunk))
-        progress.done()
+        try:
+            _stream(session, url, dest, name)
+        except RequestException as e:
+            raise ForkError(
+                f"downloading {name} failed: {e}. Check that your package index "
+                "or wheelhouse serves it (pip: PIP_INDEX_URL, PIP_FIND_LINKS, "
+                "pip.conf; uv: UV_INDEX_URL, UV_FIND_LINKS, uv.toml), and your "
+                "network, proxy and certificate settings; then run again."
+            ) from e
+
+
+def _stream(session, url: str, dest: Path, name: str) -> None:
+    response = session.get(url, stream=True, headers={"Accept-Encoding": "identity"})
+    response.raise_for_status()
+    total = int(response.headers.get("content-length") or 0)
+    progress = _Progress(name, total)
+    with dest.open("wb") as f:
+        for chunk in response.iter_content(chunk_size=1 << 20):
+            f.write(chunk)
+            progress.advance(len(chunk))
+    progress.done()
 
 
 class _Progress:
