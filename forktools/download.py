@@ -145,7 +145,9 @@ def _find_url_with_pip(project: str, filename: str) -> str:
             return candidate.link.url
     raise ForkError(
         f"{filename} is not offered by any configured package index or "
-        "--find-links location; check your pip configuration (pip config list)"
+        "--find-links location; check your pip configuration (pip config list). "
+        "Index options on pip's command line (-i, --find-links) do not reach "
+        "setup.py: set PIP_INDEX_URL, PIP_FIND_LINKS or pip.conf instead."
     )
 
 
