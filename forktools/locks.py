@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-_KEPT_UNTIL_EXIT: list[Lock] = []
-
 
 class Lock:
     """One open lock file; ``waiting_for`` completes "waiting for another run …"."""
@@ -40,9 +38,6 @@ class Lock:
 
     def close(self) -> None:
         self.file.close()
-
-    def keep_until_exit(self) -> None:
-        _KEPT_UNTIL_EXIT.append(self)
 
     def _take(self, mode: int) -> None:
         try:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-from forktools import download, locks
+from forktools import download, locks, venv
 from forktools.pins import ForkError
 
 RUFF = "ruff==0.14.0"  # upstream's pre-commit pin on both bases
@@ -29,7 +28,7 @@ def installed(requirement: str) -> Path:
 
 
 def _install(requirement: str, path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    venv.make_venv(path)
     install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q"]
     if subprocess.run([*install, requirement]).returncode != 0:
         raise ForkError(

@@ -43,20 +43,27 @@ def ensure(base: Base) -> Path:
     """The base's virtual environment, built if missing, and marked in use
     until this run exits. Returns its python."""
     wheel = download.fetch(base.wheel_for_this_machine())
-    root = download.cache_dir() / "venvs"
-    path = root / f"{base.name}-{_key(base, wheel)}"
+    path = download.cache_dir() / "venvs" / f"{base.name}-{_key(base, wheel)}"
     if path not in _in_use:
-        lock = locks.Lock(lock_file(path), f"to build {path}")
+        _in_use[path] = _use(base, path, wheel)
+    return path / "bin" / "python"
+
+
+def _use(base: Base, path: Path, wheel: Path) -> locks.Lock:
+    """The environment's lock, held shared once ``path`` is complete."""
+    lock = locks.Lock(lock_file(path), f"to build {path}")
+    try:
         lock.shared()
         if not (path / COMPLETE_MARKER).exists():
             lock.exclusive()
             if not (path / COMPLETE_MARKER).exists():
-                _remove_stale(root, base, keep=path)
+                _remove_stale(path.parent, base, keep=path)
                 _build(base, path, wheel)
             lock.shared()
-        lock.keep_until_exit()
-        _in_use[path] = lock
-    return path / "bin" / "python"
+    except BaseException:
+        lock.close()
+        raise
+    return lock
 
 
 def lock_file(env: Path) -> Path:
@@ -71,7 +78,7 @@ def _build(base: Base, path: Path, wheel: Path) -> None:
         file=sys.stderr,
         flush=True,
     )
-    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    make_venv(path)
     commands = install_commands(base, path / "bin" / "python", wheel)
     for install in commands:
         if subprocess.run(install).returncode != 0:
@@ -81,6 +88,17 @@ def _build(base: Base, path: Path, wheel: Path) -> None:
                 "above); nothing was kept. Fix the cause and run the command again."
             )
     (path / COMPLETE_MARKER).write_text("".join(" ".join(c) + "\n" for c in commands))
+
+
+def make_venv(path: Path) -> None:
+    if subprocess.run([sys.executable, "-m", "venv", str(path)]).returncode != 0:
+        shutil.rmtree(path, ignore_errors=True)
+        raise ForkError(
+            f"`{sys.executable} -m venv {path}` failed (output above). On "
+            "Debian and Ubuntu install python3-venv (for this Python: "
+            f"python{sys.version_info.major}.{sys.version_info.minor}-venv), "
+            "then run again."
+        )
 
 
 def install_commands(base: Base, python: Path, wheel: Path) -> list[list[str]]:

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from forktools import cli, download, materialize
+from forktools import cli, download, materialize, venv
 from forktools.pins import ROOT, ForkError
 
 from .conftest import BASE
@@ -113,3 +113,18 @@ def test_http_error_from_the_index_names_the_file_and_url(project, http_index):
     assert f"downloading {project.sdist.name} failed" in message
     assert "404" in message and missing in message
     assert "PIP_INDEX_URL" in message
+
+
+def test_python_without_venv_says_to_install_python3_venv(project, monkeypatch):
+    run = subprocess.run
+
+    def venv_fails(command, *args, check=False, **kwargs):
+        if command[1:3] != ["-m", "venv"]:
+            return run(command, *args, check=check, **kwargs)
+        if check:
+            raise subprocess.CalledProcessError(1, command)
+        return subprocess.CompletedProcess(command, 1)
+
+    monkeypatch.setattr(subprocess, "run", venv_fails)
+    with pytest.raises(ForkError, match="install python3-venv"):
+        venv.ensure(project.base)
