@@ -55,7 +55,7 @@ def _how_to_catch_up(base: Base, tree: Path, head: str) -> str:
             f"The tree has no commits of its own: run `make fork BASE={base.name}` "
             "to rebuild it with them."
         )
-    mine = Path(tempfile.gettempdir()) / f"vllm-fork-{base.name}-mine"
+    mine = Path(tempfile.gettempdir()) / f"vllm-fork-{base.name}-{head[:12]}"
     return (
         "Carry your commits over to the new queue: "
         f"`git -C {tree} format-patch -o {mine} {head[:12]}..HEAD`, "
