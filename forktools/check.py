@@ -12,10 +12,16 @@ from forktools.pins import Base
 def problems(base: Base) -> list[str]:
     """Every way in which the base's tree and queue disagree; empty if none."""
     tree = materialize.ensure(base)
+    from_wheel = materialize.wheel_edits(tree)
     found = [
         f"{base.name}: unexported edit in {path} (commit it in the tree, then "
         "`make export`)"
         for path in materialize.unexported(tree)
+        if path not in from_wheel
+    ]
+    found += [
+        f"{base.name}: {materialize.wheel_edits_problem(tree, [path])}"
+        for path in from_wheel
     ]
     if not found:
         found += _round_trip(base, tree)

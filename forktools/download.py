@@ -12,13 +12,15 @@ the index settings the user gave uv: see ``uv_index``.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import uv_index
+from forktools import locks, uv_index
 from forktools.pins import Artifact, ForkError, sha256_of
 
 
@@ -29,8 +31,22 @@ def cache_dir() -> Path:
     return Path(xdg) / "vllm-fork"
 
 
+def lock_file(name: str) -> Path:
+    """The lock file of the cache entry ``name``, shared by all runs."""
+    return cache_dir() / "locks" / f"{name}.lock"
+
+
 def fetch(artifact: Artifact) -> Path:
     """Return the verified cached file of ``artifact``, downloading it if needed."""
+    with _download_lock(artifact.file):
+        return _fetch(artifact)
+
+
+def _download_lock(file: str):
+    return locks.held(lock_file(f"download-{file}"), f"to download {file}")
+
+
+def _fetch(artifact: Artifact) -> Path:
     target = cache_dir() / "downloads" / artifact.file
     if target.exists():
         actual = sha256_of(target)
@@ -54,20 +70,37 @@ def fetch(artifact: Artifact) -> Path:
 
 
 def _download_checked(url: str, target: Path, expected: str | None) -> str | None:
-    """Download ``url`` to ``target`` through a ``.part`` file. None once
-    ``target`` holds it; if its sha256 is not ``expected`` (when one is given),
-    that sha256, and nothing is kept."""
+    """Download ``url`` to ``target`` through a temporary file of this run's
+    own. None once ``target`` holds it; if its sha256 is not ``expected`` (when
+    one is given), that sha256, and nothing is kept. Call with the file's lock
+    held."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".part")
+    _remove_leftovers(target)
+    handle, name = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".part", dir=target.parent
+    )
+    os.close(handle)
+    partial = Path(name)
     try:
-        _download(url, partial)
+        _download(url, partial, target.name)
         actual = sha256_of(partial)
         if expected not in (None, actual):
             return actual
+        partial.chmod(0o644)
         partial.replace(target)
         return None
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Temporary files of downloads that crashed (the lock says none runs)."""
+    pattern = f".{glob.escape(target.name)}.*.part"
+    for leftover in [
+        target.with_name(target.name + ".part"),
+        *target.parent.glob(pattern),
+    ]:
+        leftover.unlink(missing_ok=True)
 
 
 def find_url(filename: str) -> str:
@@ -112,7 +145,9 @@ def _find_url_with_pip(project: str, filename: str) -> str:
             return candidate.link.url
     raise ForkError(
         f"{filename} is not offered by any configured package index or "
-        "--find-links location; check your pip configuration (pip config list)"
+        "--find-links location; check your pip configuration (pip config list). "
+        "Index options on pip's command line (-i, --find-links) do not reach "
+        "setup.py: set PIP_INDEX_URL, PIP_FIND_LINKS or pip.conf instead."
     )
 
 
@@ -159,9 +194,10 @@ def fetch_offer(offer: Offer) -> Path:
     returned file. A mismatch with what the index publishes keeps nothing.
     """
     target = cache_dir() / "downloads" / offer.file
-    if target.exists() and offer.published_sha256 in (None, sha256_of(target)):
-        return target
-    actual = _download_checked(offer.url, target, offer.published_sha256)
+    with _download_lock(offer.file):
+        if target.exists() and offer.published_sha256 in (None, sha256_of(target)):
+            return target
+        actual = _download_checked(offer.url, target, offer.published_sha256)
     if actual:
         raise ForkError(
             f"sha256 mismatch for {offer.file}: the index publishes "
@@ -171,24 +207,35 @@ def fetch_offer(offer: Offer) -> Path:
     return target
 
 
-def _download(url: str, dest: Path) -> None:
+def _download(url: str, dest: Path, name: str) -> None:
     from pip._internal.commands import create_command
+    from pip._vendor.requests import RequestException
 
     command = create_command("download")
     options, _ = command.parse_args([])
     with command.main_context():
         session = command.get_default_session(options)
-        response = session.get(
-            url, stream=True, headers={"Accept-Encoding": "identity"}
-        )
-        response.raise_for_status()
-        total = int(response.headers.get("content-length") or 0)
-        progress = _Progress(dest.name.removesuffix(".part"), total)
-        with dest.open("wb") as f:
-            for chunk in response.iter_content(chunk_size=1 << 20):
-                f.write(chunk)
-                progress.advance(len(chunk))
-        progress.done()
+        try:
+            _stream(session, url, dest, name)
+        except RequestException as e:
+            raise ForkError(
+                f"downloading {name} failed: {e}. Check that your package index "
+                "or wheelhouse serves it (pip: PIP_INDEX_URL, PIP_FIND_LINKS, "
+                "pip.conf; uv: UV_INDEX_URL, UV_FIND_LINKS, uv.toml), and your "
+                "network, proxy and certificate settings; then run again."
+            ) from e
+
+
+def _stream(session, url: str, dest: Path, name: str) -> None:
+    response = session.get(url, stream=True, headers={"Accept-Encoding": "identity"})
+    response.raise_for_status()
+    total = int(response.headers.get("content-length") or 0)
+    progress = _Progress(name, total)
+    with dest.open("wb") as f:
+        for chunk in response.iter_content(chunk_size=1 << 20):
+            f.write(chunk)
+            progress.advance(len(chunk))
+    progress.done()
 
 
 class _Progress:

@@ -7,7 +7,10 @@ are byte-identical on every machine.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -16,6 +19,7 @@ from forktools.pins import ForkError
 
 IDENTITY = ("vllm-fork", "vllm-fork@localhost")
 BASE_DATE = "2000-01-01T00:00:00+0000"
+MIN_VERSION = (2, 28)  # git init --initial-branch
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -43,6 +47,7 @@ def run(
     env: dict[str, str] | None = None,
     input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    _require_git(shutil.which("git"))
     result = subprocess.run(
         ["git", "-C", str(tree), "-c", "core.abbrev=12", *args],
         env=_env(env),
@@ -55,6 +60,27 @@ def run(
             f"git {' '.join(args)} failed in {tree}:\n{result.stderr.strip()}"
         )
     return result
+
+
+@functools.cache
+def _require_git(executable: str | None) -> None:
+    """Refuse a missing or too old git before it fails on an option."""
+    if executable is None:
+        raise ForkError(
+            "git is not installed (not found on PATH); the fork tree is a git "
+            f"repository. Install git >= {'.'.join(map(str, MIN_VERSION))} and "
+            "run again."
+        )
+    said = subprocess.run(
+        [executable, "--version"], capture_output=True, text=True
+    ).stdout.strip()
+    found = re.search(r"(\d+)\.(\d+)", said)
+    if not found or tuple(map(int, found.groups())) < MIN_VERSION:
+        raise ForkError(
+            f"`{executable} --version` says {said!r}: the fork tree needs git >= "
+            f"{'.'.join(map(str, MIN_VERSION))} (`git init --initial-branch`). "
+            "Install a newer git (put it first on PATH) and run again."
+        )
 
 
 def out(tree: Path, *args: str) -> str:

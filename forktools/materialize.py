@@ -5,6 +5,12 @@ A tree lives in ``.fork/trees/<base>/``, a git repository whose first commit
 and whose later commits are the queue. Files that only the wheel ships
 (compiled extensions, generated modules) are laid beside them and ignored by
 git. The repository root's ``vllm`` and ``tests`` link to the selected tree.
+
+Every clone's tree is cloned from one pristine tree per base in the shared
+cache. The wheel's Python files are copied, so that an edit stays in its
+tree, and their sha256 is kept (``WHEEL_MANIFEST``): git does not see them,
+the unexported-edits guard and ``make check`` do. Its other files (compiled
+extensions, headers for JIT builds: hundreds of MB) are hard-linked.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import tarfile
@@ -19,12 +26,13 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from forktools import download, git, pins, queue
-from forktools.pins import Base, ForkError
+from forktools import download, git, locks, pins, queue
+from forktools.pins import Base, ForkError, sha256_of
 
 SDIST_PARTS = ("vllm/", "tests/", "pyproject.toml")
 LINKED = ("vllm", "tests")
 STATE = "vllm-fork.json"
+WHEEL_MANIFEST = "vllm-fork-wheel.json"
 VERSION_FILE = "vllm/_version.py"
 
 
@@ -42,8 +50,13 @@ def read_state(tree: Path) -> dict:
 
 
 def record(tree: Path, base: Base) -> None:
-    """Remember the queue and commit the tree now matches."""
-    state = {"queue": queue.queue_id(base), "head": git.out(tree, "rev-parse", "HEAD")}
+    """Remember the queue, the pins and the commit the tree now matches."""
+    state = {
+        "queue": queue.queue_id(base),
+        "head": git.out(tree, "rev-parse", "HEAD"),
+        "patches": queue.digests(base),
+        "pins": {artifact.file: artifact.sha256 for artifact in base.artifacts},
+    }
     (tree / ".git" / STATE).write_text(json.dumps(state, indent=2) + "\n")
     (tree / VERSION_FILE).write_text(_version_module(version(base)))
 
@@ -52,7 +65,7 @@ def unexported(tree: Path) -> list[str]:
     """Files whose edits in ``tree`` are not in the patches yet."""
     if not (tree / ".git").exists():
         return []
-    changed = set()
+    changed = set(wheel_edits(tree))
     status = git.run(tree, "status", "--porcelain", "--untracked-files=all").stdout
     changed.update(line[3:] for line in status.splitlines())
     head = read_state(tree).get("head")
@@ -60,6 +73,34 @@ def unexported(tree: Path) -> list[str]:
         changed.update(git.out(tree, "diff", "--name-only", head, "HEAD").split())
         changed = changed or {"(commits not exported)"}
     return sorted(changed)
+
+
+def wheel_edits(tree: Path) -> list[str]:
+    """Files laid from the wheel that no longer hold the wheel's bytes."""
+    return [
+        name
+        for name, sha256 in wheel_manifest(tree).get("sha256", {}).items()
+        if not (tree / name).is_file() or sha256_of(tree / name) != sha256
+    ]
+
+
+def wheel_manifest(tree: Path) -> dict:
+    path = tree / ".git" / WHEEL_MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def wheel_edits_problem(tree: Path, edited: list[str]) -> str:
+    """Why the wheel's files ``edited`` in ``tree`` block, and how to restore them."""
+    extract = (
+        "import sys, zipfile; "
+        "zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2], sys.argv[3:])"
+    )
+    wheel = wheel_manifest(tree)["wheel"]
+    restore = shlex.join(["python3", "-c", extract, wheel, str(tree), *edited])
+    return (
+        f"{', '.join(edited)} in {tree}: laid from the wheel and not tracked by "
+        f"git, so no patch can carry an edit there. Restore: {restore}"
+    )
 
 
 def refuse_if_unexported(tree: Path, doing: str) -> None:
@@ -71,8 +112,13 @@ def refuse_if_unexported(tree: Path, doing: str) -> None:
             f"refusing to {doing}: {tree} has edits that are not exported to "
             f"patches/:\n  {listed}{more}\nCommit them in the tree and run "
             "`make export`, or discard them (git -C <tree> reset --hard "
-            "<commit>) if you really mean to."
+            f"<commit>) if you really mean to.{_wheel_edits_hint(tree)}"
         )
+
+
+def _wheel_edits_hint(tree: Path) -> str:
+    edited = wheel_edits(tree)
+    return f"\n{wheel_edits_problem(tree, edited)}" if edited else ""
 
 
 def is_current(base: Base) -> bool:
@@ -83,14 +129,28 @@ def is_current(base: Base) -> bool:
 def ensure(base: Base) -> Path:
     """The base's tree, (re)built when its queue changed. Idempotent."""
     tree = tree_dir(base)
-    if not is_current(base):
-        refuse_if_unexported(tree, f"rebuild the {base.name} tree")
-        build(base)
+    if is_current(base):
+        return tree
+    with tree_lock(base):
+        if not is_current(base):
+            refuse_if_unexported(tree, f"rebuild the {base.name} tree")
+            _build(base)
     return tree
+
+
+def tree_lock(base: Base):
+    """Held while a run rebuilds or exports the base's tree in this clone."""
+    lock = pins.ROOT / ".fork" / "locks" / f"tree-{base.name}.lock"
+    return locks.held(lock, f"to build or export the {base.name} tree")
 
 
 def build(base: Base) -> Path:
     """Materialize into a staging directory, then swap it into place."""
+    with tree_lock(base):
+        return _build(base)
+
+
+def _build(base: Base) -> Path:
     tree = tree_dir(base)
     staging = tree.with_name(f".{base.name}.staging")
     shutil.rmtree(staging, ignore_errors=True)
@@ -113,32 +173,45 @@ def pristine(base: Base) -> Path:
     wheel = base.wheel_for_this_machine()
     key = f"{base.name}-{base.sdist.sha256[:12]}-{wheel.sha256[:12]}"
     path = download.cache_dir() / "pristine" / key
-    if path.is_dir():
+    if (path / ".git" / WHEEL_MANIFEST).exists():
         return path
+    lock = download.lock_file(f"pristine-{key}")
+    with locks.held(lock, f"to build the {base.name} pristine tree"):
+        if not path.is_dir():
+            _build_pristine(base, path)
+        if not (path / ".git" / WHEEL_MANIFEST).exists():  # built by older tooling
+            write_wheel_manifest(path, download.fetch(wheel))
+    return path
+
+
+def _build_pristine(base: Base, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=path.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
         extract_sdist(download.fetch(base.sdist), staging)
         git.run(staging, "init", "--quiet", "--initial-branch=fork")
         commit_pristine(base, staging)
-        overlay_wheel(download.fetch(wheel), staging)
-        with contextlib.suppress(OSError):  # another process was first
+        overlay_wheel(download.fetch(base.wheel_for_this_machine()), staging)
+        with contextlib.suppress(OSError):  # older tooling, which takes no lock
             staging.rename(path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return path
 
 
 def clone_pristine(source: Path, tree: Path) -> None:
     """A tree of its own from the shared pristine one: git objects and the
-    wheel's files hard-linked where the file system allows, sources checked
-    out, nothing pointing back at the cache."""
+    wheel's files hard-linked where the file system allows, but its Python
+    files copied; sources checked out, nothing pointing back at the cache."""
     git.run(source, "clone", "--quiet", "--local", "--branch", "fork", ".", str(tree))
     git.run(tree, "remote", "remove", "origin")
-    exclude = Path(".git", "info", "exclude")
-    shutil.copy(source / exclude, tree / exclude)
+    for kept in (Path(".git", "info", "exclude"), Path(".git", WHEEL_MANIFEST)):
+        shutil.copy(source / kept, tree / kept)
+    copied = wheel_manifest(tree)["sha256"]
     for name in wheel_files(tree):
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        if name in copied:
+            shutil.copy(source / name, tree / name)
+            continue
         try:
             os.link(source / name, tree / name)
         except OSError:
@@ -194,6 +267,21 @@ def overlay_wheel(wheel: Path, tree: Path) -> None:
                     (tree / name).chmod(mode & 0o777)
     exclude = tree / ".git" / "info" / "exclude"
     exclude.write_text("\n".join([*ignored, f"/{VERSION_FILE}"]) + "\n")
+    write_wheel_manifest(tree, wheel)
+
+
+def write_wheel_manifest(tree: Path, wheel: Path) -> None:
+    """Record the sha256 of each Python file laid from ``wheel`` (what a
+    clone copies), and where to restore them from."""
+    copied = [name for name in wheel_files(tree) if name.endswith(".py")]
+    manifest = {
+        "wheel": str(wheel),
+        "sha256": {name: sha256_of(tree / name) for name in copied},
+    }
+    path = tree / ".git" / WHEEL_MANIFEST
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(manifest, indent=1) + "\n")
+    partial.replace(path)
 
 
 def wheel_files(tree: Path) -> list[str]:
@@ -219,6 +307,12 @@ def _version_module(text: str) -> str:
 
 def select(base: Base) -> None:
     """Point the root ``vllm`` and ``tests`` at the base's tree."""
+    lock = pins.ROOT / ".fork" / "locks" / "select.lock"
+    with locks.held(lock, f"to switch vllm/ and tests/ to {base.name}"):
+        _select(base)
+
+
+def _select(base: Base) -> None:
     tree = tree_dir(base)
     for name in LINKED:
         link = pins.ROOT / name

@@ -57,6 +57,10 @@ class Base:
         )
 
     @property
+    def artifacts(self) -> tuple[Artifact, ...]:
+        return (self.sdist, *self.wheels)
+
+    @property
     def patch_dir(self) -> Path:
         return ROOT / "patches" / self.name
 
@@ -98,14 +102,32 @@ def _exclusion(base: str, entry: dict) -> Exclusion:
     return Exclusion(entry["requirement"], entry["reason"])
 
 
+LAYOUT = (
+    'It needs `default = "<base>"` and, per base, a [bases."<base>"] table with '
+    "`version`, `sdist = { file = …, sha256 = … }` and `wheels = [{ file = …, "
+    "sha256 = … }, …]`; compare with the file in git (`git diff upstream.toml`)."
+)
+_MALFORMED = (KeyError, TypeError, AttributeError)
+
+
 def load(path: Path | None = None) -> Pins:
     path = path or ROOT / PIN_FILE.name
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ForkError(f"{path}: cannot read the pin file: {e}") from e
-    bases = {
-        name: Base(
+    try:
+        bases = {
+            name: _base(path, name, entry) for name, entry in data["bases"].items()
+        }
+        return Pins(default=data["default"], bases=bases)
+    except _MALFORMED as e:
+        raise _malformed(path, "", e) from e
+
+
+def _base(path: Path, name: str, entry: dict) -> Base:
+    try:
+        return Base(
             name=name,
             version=entry["version"],
             sdist=_artifact(entry["sdist"]),
@@ -115,9 +137,13 @@ def load(path: Path | None = None) -> Pins:
                 _exclusion(name, item) for item in entry.get("cpu-test-exclude", ())
             ),
         )
-        for name, entry in data["bases"].items()
-    }
-    return Pins(default=data["default"], bases=bases)
+    except _MALFORMED as e:
+        raise _malformed(path, f"[bases.{name!r}]: ", e) from e
+
+
+def _malformed(path: Path, where: str, error: Exception) -> ForkError:
+    what = f"no {error.args[0]!r}" if isinstance(error, KeyError) else str(error)
+    return ForkError(f"{path}: malformed pin file ({where}{what}). {LAYOUT}")
 
 
 def sha256_of(path: Path) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forktools import git, upstream
-from forktools.pins import Base, ForkError
+from forktools.pins import Base, ForkError, sha256_of
 
 SERIES_HEADER = """\
 # Patch queue for vLLM {base}, applied in order with
@@ -71,8 +71,8 @@ def entries(base: Base) -> list[Entry]:
     return result
 
 
-def queue_id(base: Base) -> str:
-    """A short digest of the queue's exact bytes, for the version label."""
+def patches_id(base: Base) -> str:
+    """A short digest of the queue's exact bytes: ``series`` and its patches."""
     digest = hashlib.sha256(base.name.encode())
     series = base.patch_dir / "series"
     if series.exists():
@@ -80,6 +80,26 @@ def queue_id(base: Base) -> str:
     for entry in entries(base):
         digest.update((base.patch_dir / entry.name).read_bytes())
     return digest.hexdigest()[:10]
+
+
+def queue_id(base: Base) -> str:
+    """A short digest of the queue and of the pinned artifacts it applies to:
+    the version label, and what a tree must match to be up to date."""
+    digest = hashlib.sha256(patches_id(base).encode())
+    for artifact in base.artifacts:
+        digest.update(f"{artifact.file} {artifact.sha256}\n".encode())
+    return digest.hexdigest()[:10]
+
+
+def digests(base: Base) -> dict[str, str]:
+    """sha256 of ``series`` and of each patch it lists, by file name, in order."""
+    found = {}
+    series = base.patch_dir / "series"
+    if series.exists():
+        found["series"] = sha256_of(series)
+    for entry in entries(base):
+        found[entry.name] = sha256_of(base.patch_dir / entry.name)
+    return found
 
 
 def apply(base: Base, tree: Path) -> None:
@@ -112,9 +132,9 @@ def _am_failure(base: Base, name: str, stderr: str) -> str:
     )
 
 
-def export_to(tree: Path, since: str, dest: Path) -> list[Path]:
+def export_to(tree: Path, since: str, dest: Path, until: str = "HEAD") -> list[Path]:
     """Write the commits after ``since`` as mbox patches into ``dest``."""
-    names = git.out(tree, *FORMAT_PATCH, "-o", str(dest), f"{since}..HEAD")
+    names = git.out(tree, *FORMAT_PATCH, "-o", str(dest), f"{since}..{until}")
     return [Path(line) for line in names.splitlines()]
 
 

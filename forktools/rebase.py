@@ -74,7 +74,7 @@ def rebase(version: str, probe_tests: bool = False) -> Path:
     target = ensure_pinned(version, source)
     tree = materialize.tree_dir(target)
     state = _read_state(tree)
-    if state.get("from") == {"base": source.name, "queue": queue.queue_id(source)}:
+    if state.get("from") == {"base": source.name, "queue": queue.patches_id(source)}:
         results = _resume(tree, [Result(**r) for r in state["results"]])
     else:
         _refuse_existing_queue(target)
@@ -112,12 +112,12 @@ def _finished_report(source: Base, name: str) -> Path | None:
     if not report["complete"]:
         return None
     made_from = report["from"]
-    if made_from == {"base": source.name, "queue": queue.queue_id(source)}:
+    if made_from == {"base": source.name, "queue": queue.patches_id(source)}:
         return path.with_name(REPORT_MD)
     raise ForkError(
         f"patches/{name} was rebased from patches/{made_from['base']} (queue "
         f"{made_from['queue']}), which has changed since (now "
-        f"{source.name}, queue {queue.queue_id(source)}). Port the change into "
+        f"{source.name}, queue {queue.patches_id(source)}). Port the change into "
         f"the {name} tree and `make export BASE={name}`, or `git rm -r "
         f"patches/{name}` and run the rebase again to replay it from scratch."
     )
@@ -184,7 +184,11 @@ def _pin(offer: download.Offer) -> Artifact:
 
 def build_tree(source: Base, target: Base) -> Path:
     """The target's tree: previous release and queue, then the new release."""
-    tree = materialize.tree_dir(target)
+    with materialize.tree_lock(target):
+        return _build_tree(source, target, materialize.tree_dir(target))
+
+
+def _build_tree(source: Base, target: Base, tree: Path) -> Path:
     if tree.exists():
         materialize.refuse_if_unexported(tree, f"rebuild the {target.name} tree")
     staging = tree.with_name(f".{target.name}.staging")
@@ -234,7 +238,7 @@ def _read_state(tree: Path) -> dict:
 
 def _write_state(tree: Path, source: Base, results: list[Result]) -> None:
     state = {
-        "from": {"base": source.name, "queue": queue.queue_id(source)},
+        "from": {"base": source.name, "queue": queue.patches_id(source)},
         "results": [asdict(r) for r in results],
     }
     (tree / ".git" / STATE).write_text(json.dumps(state, indent=2) + "\n")
@@ -535,7 +539,7 @@ def _write_report(
 ) -> Path:
     target.patch_dir.mkdir(parents=True, exist_ok=True)
     data = {
-        "from": {"base": source.name, "queue": queue.queue_id(source)},
+        "from": {"base": source.name, "queue": queue.patches_id(source)},
         "to": {"base": target.name, "sdist": target.sdist.file},
         "complete": complete,
         "patches": [
@@ -554,7 +558,7 @@ def markdown(source: Base, target: Base, results: list[Result], complete: bool) 
         f"# Rebase of the {source.name} queue onto vLLM {target.version}",
         "",
         f"`make rebase TO={target.version}` replayed `patches/{source.name}` "
-        f"(queue {queue.queue_id(source)}) on the pristine `{target.sdist.file}`, "
+        f"(queue {queue.patches_id(source)}) on the pristine `{target.sdist.file}`, "
         f"each patch a three-way merge whose base is the {source.name} source it "
         "was written on. `rebase.json` holds the same in JSON.",
         "",

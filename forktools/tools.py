@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
-from forktools import download
+from forktools import download, locks, venv
 from forktools.pins import ForkError
 
 RUFF = "ruff==0.14.0"  # upstream's pre-commit pin on both bases
@@ -19,9 +18,20 @@ def installed(requirement: str) -> Path:
     name = requirement.split("==")[0]
     path = download.cache_dir() / "tools" / requirement.replace("==", "-")
     executable = path / "bin" / name
-    if not executable.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-        install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q"]
-        if subprocess.run([*install, requirement]).returncode != 0:
-            raise ForkError(f"could not install {requirement} into {path}")
+    if executable.exists():
+        return executable
+    lock = download.lock_file(f"tool-{path.name}")
+    with locks.held(lock, f"to install {requirement}"):
+        if not executable.exists():
+            _install(requirement, path)
     return executable
+
+
+def _install(requirement: str, path: Path) -> None:
+    venv.make_venv(path)
+    install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q"]
+    if subprocess.run([*install, requirement]).returncode != 0:
+        raise ForkError(
+            f"could not install {requirement} into {path} (pip output above); "
+            "check your package index settings and run the command again"
+        )

@@ -1,3 +1,6 @@
+import concurrent.futures
+import time
+
 import pytest
 
 from forktools import download, materialize
@@ -48,3 +51,38 @@ def test_unknown_file_names_the_file(project):
 def test_progress_is_reported(project, capsys):
     download.fetch(project.base.sdist)
     assert f"downloading {project.sdist.name}" in capsys.readouterr().err
+
+
+def test_two_runs_at_once_download_once(project, monkeypatch, capsys):
+
+    def download_slowly(*args, original=download._download):
+        time.sleep(0.5)
+        original(*args)
+
+    monkeypatch.setattr(download, "_download", download_slowly)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(download.fetch, project.base.sdist) for _ in range(2)]
+        paths = [run.result() for run in runs]
+
+    assert paths[0] == paths[1]
+    assert paths[0].read_bytes() == project.sdist.read_bytes()
+    err = capsys.readouterr().err
+    assert err.count(f"downloading {project.sdist.name}") == 1
+    lock = download.lock_file(f"download-{project.sdist.name}")
+    assert f"waiting for another run to download {project.sdist.name}" in err
+    assert str(lock) in err
+    assert sorted(p.name for p in paths[0].parent.iterdir()) == [project.sdist.name]
+
+
+def test_temporary_files_are_this_runs_own(project, monkeypatch):
+    seen = []
+
+    def record_destination(url, dest, *args):
+        seen.append(dest)
+        dest.write_bytes(project.sdist.read_bytes())
+
+    monkeypatch.setattr(download, "_download", record_destination)
+    download.fetch(project.base.sdist)
+    cached = download.cache_dir() / "downloads" / project.sdist.name
+    assert seen[0].parent == cached.parent
+    assert seen[0] != cached.with_name(cached.name + ".part")

@@ -1,8 +1,14 @@
 """The pristine tree of a base is built once and shared by every clone."""
 
 import shutil
+import subprocess
 
-from forktools import git, materialize
+import pytest
+
+from forktools import check, export, git, materialize, pins
+from forktools.pins import ForkError
+
+from .conftest import WHEEL_FILES, _wheel
 
 
 def test_second_tree_reuses_the_pristine_tree(project, monkeypatch):
@@ -19,4 +25,43 @@ def test_second_tree_reuses_the_pristine_tree(project, monkeypatch):
     assert git.out(tree, "rev-parse", "base") == head
     assert git.out(tree, "remote") == ""
     assert (tree / "vllm" / "_C.abi3.so").stat().st_nlink == 2
+    assert materialize.unexported(tree) == []
+
+
+WHEEL_ONLY = "vllm/vllm_flash_attn/interface.py"
+
+
+def test_wheel_only_python_file_is_each_trees_own_and_guarded(
+    project, monkeypatch, tmp_path
+):
+    _wheel(project.wheel, {**WHEEL_FILES, WHEEL_ONLY: "def flash():\n    pass\n"})
+    project.pin()
+    tree = materialize.ensure(project.base)
+    other_root = tmp_path / "other-clone"
+    other_root.mkdir()
+    shutil.copy(project.root / "upstream.toml", other_root / "upstream.toml")
+    monkeypatch.setattr(pins, "ROOT", other_root)
+    other = materialize.ensure(project.base)
+    monkeypatch.setattr(pins, "ROOT", project.root)
+
+    (tree / WHEEL_ONLY).write_text("edited in the first clone\n")
+
+    assert (other / WHEEL_ONLY).read_text() == "def flash():\n    pass\n"
+    assert (materialize.pristine(project.base) / WHEEL_ONLY).read_text() == (
+        "def flash():\n    pass\n"
+    )
+    assert materialize.unexported(other) == []
+    assert materialize.unexported(tree) == [WHEEL_ONLY]
+    [problem] = check.problems(project.base)
+    assert WHEEL_ONLY in problem
+    with pytest.raises(ForkError, match=WHEEL_ONLY):
+        export.export(project.base)
+    (project.base.patch_dir).mkdir(parents=True)
+    (project.base.patch_dir / "series").write_text("# a pull\n")
+    with pytest.raises(ForkError, match=WHEEL_ONLY):
+        materialize.ensure(project.base)
+    assert (tree / WHEEL_ONLY).read_text() == "edited in the first clone\n"
+
+    restore = problem.partition("Restore: ")[2]
+    subprocess.run(restore, shell=True, check=True)
     assert materialize.unexported(tree) == []

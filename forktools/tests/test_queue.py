@@ -1,9 +1,11 @@
+import json
+
 import pytest
 
 from forktools import check, export, materialize, queue
 from forktools.pins import ForkError
 
-from .conftest import BASE, VERSION, git
+from .conftest import BASE, VERSION, WHEEL_FILES, _wheel, git
 
 FIX = "[Bugfix][Core] Make layer 3 return 33"
 
@@ -149,3 +151,71 @@ def test_check_flags_patch_that_needs_another(project):
     names = export.export(project.base)
     [problem] = check.problems(project.base)
     assert names[1] in problem and "alone" in problem
+
+
+def test_repin_rebuilds_the_tree_and_changes_the_version(project):
+    materialize.ensure(project.base)
+    before = materialize.version(project.base)
+    _wheel(project.wheel, {**WHEEL_FILES, "vllm/_C.abi3.so": "\x7fELF rebuilt"})
+    project.pin()
+    assert materialize.version(project.base) != before
+    tree = materialize.ensure(project.base)
+    assert (tree / "vllm/_C.abi3.so").read_text() == "\x7fELF rebuilt"
+    version = materialize.version(project.base)
+    assert repr(version) in (tree / "vllm/_version.py").read_text()
+
+
+def _as_built_before_the_pull(project):
+    """The tree and its state as they were before ``patches/`` changed."""
+    state = (project.tree / ".git" / materialize.STATE).read_text()
+    return lambda: (
+        git(project.tree, "reset", "-q", "--hard", "base"),
+        (project.tree / ".git" / materialize.STATE).write_text(state),
+    )
+
+
+def test_export_refuses_to_drop_an_incoming_patch_and_names_it(project):
+    materialize.ensure(project.base)
+    back_before_the_pull = _as_built_before_the_pull(project)
+    _fix(project)
+    [name] = export.export(project.base)
+    back_before_the_pull()
+
+    with pytest.raises(ForkError) as error:
+        export.export(project.base)
+    assert f"patches/{BASE}/{name} (new)" in str(error.value)
+    assert f"make fork BASE={BASE}" in str(error.value)
+    assert [entry.name for entry in queue.entries(project.base)] == [name]
+
+
+def test_export_names_how_to_carry_own_commits_over_an_incoming_patch(project):
+    materialize.ensure(project.base)
+    back_before_the_pull = _as_built_before_the_pull(project)
+    _fix(project)
+    [name] = export.export(project.base)
+    back_before_the_pull()
+    text = (project.tree / "vllm/core.py").read_text()
+    project.commit("vllm/core.py", text.replace("return 7\n", "return 77\n"), "[X] y")
+
+    with pytest.raises(ForkError, match=name) as error:
+        export.export(project.base)
+    assert "format-patch" in str(error.value) and "git -C" in str(error.value)
+    assert [entry.name for entry in queue.entries(project.base)] == [name]
+
+
+def test_export_of_a_tree_recorded_by_older_tooling(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    export.export(project.base)
+    state_file = project.tree / ".git" / materialize.STATE
+    head = git(project.tree, "rev-parse", "HEAD").strip()
+    legacy = {"queue": queue.patches_id(project.base), "head": head}
+    state_file.write_text(json.dumps(legacy))
+    text = (project.tree / "vllm/core.py").read_text()
+    project.commit("vllm/core.py", text.replace("return 7\n", "return 77\n"), "[X] y")
+    assert len(export.export(project.base)) == 2
+
+    state_file.write_text(json.dumps({**legacy, "queue": "0123456789"}))
+    git(project.tree, "reset", "-q", "--hard", "HEAD~2")
+    with pytest.raises(ForkError, match="0002-X-y.patch"):
+        export.export(project.base)

@@ -1,16 +1,21 @@
 """The CPU test environment: exact requirements unless a base excludes some."""
 
+import concurrent.futures
+import os
+import platform
+import subprocess
 import sys
+import time
 from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
 
 import pytest
 
-from forktools import venv
+from forktools import download, tools, venv
 from forktools.pins import Exclusion, ForkError
 
-from .conftest import WHEEL_FILES, _wheel
+from .conftest import BASE, WHEEL_FILES, _wheel
 
 EXCLUDED = Exclusion("numpy", "a GPU kernel package in this story")
 
@@ -47,3 +52,78 @@ def test_key_of_a_base_without_exclusions_is_unchanged(project):
     assert venv._key(base, project.wheel) == sha256(spec.encode()).hexdigest()[:12]
     excluded = replace(base, cpu_test_exclude=(EXCLUDED,))
     assert venv._key(excluded, project.wheel) != venv._key(base, project.wheel)
+
+
+THIS_PYTHON = (
+    platform.python_version(),
+    os.path.dirname(os.path.abspath(sys._base_executable)),
+)
+
+
+def _environment(path: Path, version: str, home: str) -> Path:
+    (path / "bin").mkdir(parents=True, exist_ok=True)
+    (path / "pyvenv.cfg").write_text(f"home = {home}\nversion = {version}\n")
+    return path
+
+
+@pytest.fixture
+def builds(monkeypatch) -> list[Path]:
+    """Environment builds that take a moment and install nothing: the
+    environments made, in order."""
+    made, run = [], subprocess.run
+
+    def build_slowly(command, *args, **kwargs):
+        if command[1:3] == ["-m", "venv"]:
+            made.append(Path(command[3]))
+            time.sleep(0.5)
+            _environment(Path(command[3]), *THIS_PYTHON)
+        elif command[1:4] == ["-m", "pip", "install"]:
+            if "==" in command[-1]:
+                (Path(command[0]).parent / command[-1].split("==")[0]).touch()
+        else:
+            return run(command, *args, **kwargs)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", build_slowly)
+    return made
+
+
+def _twice_at_once(function):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        return [run.result() for run in [pool.submit(function) for _ in range(2)]]
+
+
+def test_two_runs_at_once_build_one_environment(project, builds):
+    pythons = _twice_at_once(lambda: venv.ensure(project.base))
+    assert pythons[0] == pythons[1]
+    assert len(builds) == 1
+    assert (builds[0] / venv.COMPLETE_MARKER).exists()
+
+
+def test_two_runs_at_once_install_a_tool_once(project, builds):
+    executables = _twice_at_once(lambda: tools.installed(tools.RUFF))
+    assert executables[0] == executables[1] and executables[0].exists()
+    assert len(builds) == 1
+
+
+def test_only_stale_environments_of_this_python_are_removed(project, builds):
+    root = download.cache_dir() / "venvs"
+    mine = _environment(root / f"{BASE}-000000000001", *THIS_PYTHON)
+    other_python = _environment(root / f"{BASE}-000000000002", "3.11.0", "/opt/py")
+    other_base = _environment(root / "v1.0.0-000000000003", *THIS_PYTHON)
+    venv.ensure(project.base)
+    assert not mine.exists()
+    assert other_python.exists() and other_base.exists()
+
+
+def test_stale_environment_in_use_is_kept(project, builds, capsys):
+    # This run uses the environment of the old requirements until it exits,
+    # as a `make verify` that started before them would.
+    before = replace(project.base, test_requirements=("pytest==8.4.2",))
+    in_use = venv.ensure(before).parent.parent
+    venv.ensure(project.base)
+    assert len(builds) == 2
+    assert (in_use / venv.COMPLETE_MARKER).exists()
+    assert f"keeping stale environment {in_use}: a run is using it" in (
+        capsys.readouterr().err
+    )
