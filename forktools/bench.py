@@ -34,6 +34,7 @@ from forktools.table import render
 
 BENCH_FILE = ROOT / "BENCHMARKS.md"
 BENCHMARKS = ROOT / "forktools" / "benchmarks"
+FAULT_MATRIX = BENCHMARKS / "fault_matrix.md"
 INSTALL_ENV = "VLLM_FORK_BENCH_INSTALL"
 LORA_BASE = "v0.19.1"
 LORA_ROUNDS = 4
@@ -517,7 +518,16 @@ def report(rows: list[Row], started: datetime, load: float) -> str:
         "upstream measured side by side in one run, so the ratios hold on a "
         "loaded machine; the absolute times beside them do not.\n\n"
         f"{markdown(rows)}\n\n## How each figure is measured\n\n{how}\n"
+        f"{_fault_matrix()}"
     )
+
+
+def _fault_matrix() -> str:
+    """The compile cache fault table, which the queues' tests measure (each
+    case a fresh process) rather than this command; kept beside the figures."""
+    if not FAULT_MATRIX.exists():
+        return ""
+    return "\n" + FAULT_MATRIX.read_text()
 
 
 def main(bases: list[Base]) -> int:
