@@ -61,7 +61,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_lint(args) -> int:
-    """Ruff, sign-off, subject and SPDX checks on our code and the queues."""
+    """Upstream's ruff, typos and mypy on every queue; sign-off, subject, SPDX."""
     from forktools import lint
 
     return lint.main(_bases(args))
