@@ -37,7 +37,7 @@ venv: ## build the per-base test environments (cached)
 test: ## everything CI runs: tooling tests, lint, check, verify
 	$(forktools) test $(base_arg)
 
-pr: ## print the upstream PR body for patch number PATCH of BASE
+pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body
 	$(forktools) pr $(base_arg) --patch $(PATCH)
 
 rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests), with a report
