@@ -25,7 +25,7 @@ status: ## table: base, patch, subject, upstream status
 verify: ## each commit: its tests pass with it, fail without it
 	$(forktools) verify $(base_arg)
 
-lint: ## ruff on our code; upstream's ruff, typos, mypy on every queue
+lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)
 
 wheel: ## the fork wheel for fleets in dist/ (ALL=1: every pinned platform)

@@ -61,7 +61,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_lint(args) -> int:
-    """Upstream's ruff, typos and mypy on every queue; sign-off, subject, SPDX."""
+    """Upstream's CI checks (ruff, typos, mypy, hooks) on every queue; sign-offs."""
     from forktools import lint
 
     return lint.main(_bases(args))

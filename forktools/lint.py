@@ -2,8 +2,9 @@
 
 Every file a queue touches must pass the checks upstream's pre-commit runs on
 a pull request to that release, as its sdist configures them (ruff, typos,
-mypy; see `forktools.precommit`); every patch needs a vLLM-style subject and a
-Signed-off-by line, and new Python files an SPDX header.
+mypy, upstream's hook scripts; see `forktools.precommit`); every patch needs a
+vLLM-style subject and a Signed-off-by line, and new Python files an SPDX
+header.
 """
 
 from __future__ import annotations

@@ -3,16 +3,18 @@
 What runs, and at which version, comes from the base's sdist: its
 ``.pre-commit-config.yaml`` (the hooks upstream CI runs, ``pre-commit run
 --hook-stage manual``), its ``pyproject.toml`` (``[tool.ruff]``,
-``[tool.typos]``, ``[tool.mypy]``) and its ``tools/pre_commit/mypy.py``, which
-groups files into mypy runs. The tools come from PyPI at the pinned versions.
+``[tool.typos]``, ``[tool.mypy]``), its ``tools/pre_commit/mypy.py``, which
+groups files into mypy runs, and its other ``tools/pre_commit`` scripts. The
+tools and the hooks' packages come from PyPI at the pinned versions.
 
-Only problems the queue adds count: typos and mypy also run on the pristine
-release's versions of the same files, and a problem found there too (same
-file, same message) is upstream's, not ours.
+Only problems the queue adds count: typos, mypy and the scripts also run on
+the pristine release's versions of the same files, and a problem found there
+too (same file, same message) is upstream's, not ours.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -24,10 +26,10 @@ import subprocess
 import tarfile
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from forktools import download, git, materialize, tools
+from forktools import download, git, tools
 from forktools.pins import Base, ForkError
 
 CONFIG = ".pre-commit-config.yaml"
@@ -35,6 +37,8 @@ MYPY_SCRIPT = "tools/pre_commit/mypy.py"
 RUFF_REPO = "astral-sh/ruff-pre-commit"
 TYPOS_REPO = "crate-ci/typos"
 _VERSION = re.compile(r"\s*v?(\d+(?:\.\d+)+)\s*")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LOCATED = re.compile(r"^(?P<path>[^:\s]+):(?P<line>\d+):(?:\d+:)?\s*(?P<msg>.*)$")
 _MYPY_ERROR = re.compile(
     r"^(?P<path>[^:\s]+):(?P<line>\d+):(?:\d+:)? error: (?P<msg>.*)$"
 )
@@ -51,6 +55,22 @@ class Hooks:
     mypy_args: tuple[str, ...]  # MYPY_SCRIPT's arguments before the files
     exclude: str  # pre-commit's top-level exclude pattern
     mypy_script: Path | None
+    local: tuple[LocalHook, ...] = ()
+
+
+@dataclass(frozen=True)
+class LocalHook:
+    """One of upstream's own ``python tools/…`` hooks (``language: python``)."""
+
+    id: str
+    command: tuple[str, ...]  # the entry after ``python``, then the hook's args
+    packages: tuple[str, ...]  # its additional_dependencies
+    files: str  # pre-commit's include and exclude patterns, "" for any
+    exclude: str
+    types: tuple[str, ...]  # every one of these tags, and one of types_or
+    types_or: tuple[str, ...]
+    pass_filenames: bool
+    always_run: bool
 
 
 @dataclass(frozen=True)
@@ -64,20 +84,21 @@ class Problem:
         return self.path, self.message
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
+        return f"{self.path}:{self.line}: {self.message}" if self.path else self.message
 
 
 def hooks(base: Base) -> Hooks:
-    """The base's pre-commit hooks, read once from its sdist."""
-    config_dir = _upstream_files(base)
-    config = config_dir / CONFIG
+    """The base's pre-commit hooks, as its sdist configures them."""
+    work = _work_dir(base)
+    checkout = _sdist_checkout(base, work / "sdist")
+    config = checkout / CONFIG
     if not config.exists():
         return Hooks(None, None, (), (), (), "", None)
     text = config.read_text()
-    data = _yaml(config_dir, text)
+    data = _yaml(text, work / "config.json")
     typos_hook = _ci_hook(data, "typos") or {}
     mypy_hook = _ci_hook(data, "mypy") or {}
-    script = config_dir / MYPY_SCRIPT
+    script = checkout / MYPY_SCRIPT
     return Hooks(
         ruff=_pinned("ruff", text, RUFF_REPO),
         typos=_pinned("typos", text, TYPOS_REPO),
@@ -86,7 +107,33 @@ def hooks(base: Base) -> Hooks:
         mypy_args=_script_args(mypy_hook),
         exclude=data.get("exclude") or "",
         mypy_script=script if mypy_hook and script.exists() else None,
+        local=tuple(_local_hooks(data)),
     )
+
+
+def _local_hooks(data: dict) -> list[LocalHook]:
+    """The CI hooks that run one of upstream's Python scripts, but mypy."""
+    found = []
+    for hook in _ci_hooks(data):
+        entry = shlex.split(hook.get("entry", ""))
+        if hook.get("language") != "python" or entry[:1] != ["python"]:
+            continue
+        if hook["id"].startswith("mypy"):
+            continue
+        found.append(
+            LocalHook(
+                id=hook["id"],
+                command=(*entry[1:], *hook.get("args", ())),
+                packages=tuple(hook.get("additional_dependencies", ())),
+                files=hook.get("files", ""),
+                exclude=hook.get("exclude", ""),
+                types=tuple(hook.get("types", ("file",))),
+                types_or=tuple(hook.get("types_or", ())),
+                pass_filenames=hook.get("pass_filenames", True),
+                always_run=hook.get("always_run", False),
+            )
+        )
+    return found
 
 
 def _script_args(hook: dict) -> tuple[str, ...]:
@@ -95,26 +142,20 @@ def _script_args(hook: dict) -> tuple[str, ...]:
     return (*entry[2:], *hook.get("args", ()))
 
 
-def _upstream_files(base: Base) -> Path:
-    """A cache directory with the sdist's pre-commit config and mypy script."""
-    path = download.cache_dir() / "precommit" / f"{base.name}-{base.sdist.sha256[:12]}"
-    if (path / tools.COMPLETE).exists():
-        return path
+def _work_dir(base: Base) -> Path:
+    """Where a base's upstream checks keep their sdist checkout and caches."""
+    path = download.cache_dir() / "upstream-checks" / _key(base)
     path.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(download.fetch(base.sdist)) as archive:
-        for member in archive:
-            inner = member.name.partition("/")[2]
-            if inner in (CONFIG, MYPY_SCRIPT) and member.isfile():
-                (path / inner).parent.mkdir(parents=True, exist_ok=True)
-                (path / inner).write_bytes(archive.extractfile(member).read())
-    (path / tools.COMPLETE).touch()
     return path
 
 
-def _yaml(cache: Path, text: str) -> dict:
+def _key(base: Base) -> str:
+    return f"{base.name}-{base.sdist.sha256[:12]}"
+
+
+def _yaml(text: str, parsed: Path) -> dict:
     """The config as data, parsed by PyYAML from PyPI (anchors and merge keys
-    included), cached beside it."""
-    parsed = cache / (CONFIG + ".json")
+    included), kept in ``parsed``."""
     if not parsed.exists():
         program = (
             "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"
@@ -124,7 +165,7 @@ def _yaml(cache: Path, text: str) -> dict:
             [str(python), "-c", program], input=text, capture_output=True, text=True
         )
         if result.returncode != 0:
-            raise ForkError(f"cannot read {cache / CONFIG}: {result.stderr.strip()}")
+            raise ForkError(f"cannot read upstream's {CONFIG}: {result.stderr.strip()}")
         parsed.write_text(result.stdout)
     return json.loads(parsed.read_text())
 
@@ -145,15 +186,22 @@ def _pinned(name: str, text: str, repo: str) -> str | None:
     return f"{name}=={version[1]}"
 
 
-def _ci_hook(data: dict, prefix: str) -> dict | None:
-    """The first hook named ``prefix``… that upstream CI runs (stage manual)."""
+def _ci_hooks(data: dict) -> list[dict]:
+    """The hooks upstream CI runs (``--hook-stage manual``), in order."""
     default_stages = data.get("default_stages") or ["manual"]
-    for repo in data.get("repos", ()):
-        for hook in repo.get("hooks", ()):
-            stages = hook.get("stages") or default_stages
-            if hook.get("id", "").startswith(prefix) and "manual" in stages:
-                return hook
-    return None
+    return [
+        hook
+        for repo in data.get("repos", ())
+        for hook in repo.get("hooks", ())
+        if "manual" in (hook.get("stages") or default_stages)
+    ]
+
+
+def _ci_hook(data: dict, prefix: str) -> dict | None:
+    """The first CI hook whose id starts with ``prefix``."""
+    return next(
+        (hook for hook in _ci_hooks(data) if hook["id"].startswith(prefix)), None
+    )
 
 
 def checked_files(hooks: Hooks, files: list[str]) -> list[str]:
@@ -191,6 +239,47 @@ def typos(hooks: Hooks, tree: Path, files: list[str]) -> list[Problem]:
                 )
             )
     return found
+
+
+def run_local(hook: LocalHook, tree: Path, files: list[str]) -> list[Problem]:
+    """One of upstream's hook scripts, as pre-commit runs it on ``files``:
+    the lines it prints when it fails, one problem each."""
+    matching = [name for name in files if _matches(hook, name)]
+    if not matching and not hook.always_run:
+        return []
+    python = tools.python("", hook.packages)
+    passed = matching if hook.pass_filenames else []
+    command = [str(python), *hook.command, *passed]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    result = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+    if result.returncode == 0:
+        return []
+    output = _ANSI.sub("", result.stdout + result.stderr)
+    return [_problem(line) for line in output.splitlines() if line.strip()]
+
+
+def _matches(hook: LocalHook, name: str) -> bool:
+    tags = _tags(name)
+    return (
+        re.search(hook.files, name) is not None
+        and not (hook.exclude and re.search(hook.exclude, name))
+        and set(hook.types) <= tags
+        and (not hook.types_or or bool(tags & set(hook.types_or)))
+    )
+
+
+def _tags(name: str) -> set[str]:
+    """pre-commit's file type tags, for the kinds of files a queue holds."""
+    suffix = Path(name).suffix
+    kinds = {".py": "python", ".pyi": "pyi", ".md": "markdown", ".txt": "text"}
+    kinds |= {".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".json": "json"}
+    return {"file", "text", kinds.get(suffix, "")} - {""}
+
+
+def _problem(line: str) -> Problem:
+    if match := _LOCATED.match(line):
+        return Problem(match["path"], int(match["line"]), match["msg"])
+    return Problem("", 0, line.strip())
 
 
 def mypy(hooks: Hooks, tree: Path, files: list[str], cache: Path) -> list[Problem]:
@@ -258,51 +347,99 @@ def not_configured(hooks: Hooks) -> list[str]:
 
 
 def queue_problems(base: Base, tree: Path, files: list[str], hooks: Hooks) -> list[str]:
-    """Every typos and mypy problem the queue adds to ``files`` of ``tree``."""
-    found = [
-        f"typos: {problem}"
-        for problem in new_problems(
-            typos(hooks, tree, files),
-            typos(hooks, materialize.pristine(base), _in(base, files)),
-        )
+    """Every problem typos, mypy and upstream's own hook scripts find in
+    ``files`` of ``tree`` that they do not find in the pristine release.
+
+    All run in one checkout of the whole sdist per base (the scripts read
+    files beside them, such as ``.buildkite/``), first pristine, then with
+    the queue's files laid in; mypy's cache is keyed by path, so both runs
+    and every clone share one."""
+    work = _work_dir(base)
+    with open(work / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        scratch = _sdist_checkout(base, work / "sdist")
+        _restore(scratch)
+        present = [name for name in files if (scratch / name).is_file()]
+        before = _baseline(hooks, scratch, present, work)
+        for name in _changed(tree):
+            _lay(tree / name, scratch / name)
+        try:
+            after = _checks(hooks, scratch, files, work)
+        finally:
+            _restore(scratch)
+    return [
+        f"{check}: {problem}"
+        for check, found in after.items()
+        for problem in new_problems(found, before.get(check, []))
     ]
-    found += [f"mypy: {problem}" for problem in _mypy_new(base, hooks, tree, files)]
+
+
+def _checks(
+    hooks: Hooks, scratch: Path, files: list[str], work: Path
+) -> dict[str, list[Problem]]:
+    found = {
+        "typos": typos(hooks, scratch, files),
+        "mypy": mypy(hooks, scratch, files, work / "mypy-cache"),
+    }
+    for hook in hooks.local:
+        found[hook.id] = run_local(hook, scratch, files)
     return found
 
 
-def _in(base: Base, files: list[str]) -> list[str]:
-    pristine = materialize.pristine(base)
-    return [name for name in files if (pristine / name).is_file()]
+def _baseline(
+    hooks: Hooks, scratch: Path, files: list[str], work: Path
+) -> dict[str, list[Problem]]:
+    """The checks' problems in the pristine ``files``, cached per set of
+    files: the release does not change, and a cold mypy run takes minutes."""
+    key = json.dumps([asdict(hooks), sorted(files)], default=str)
+    saved = work / "baseline" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    if not saved.exists():
+        found = _checks(hooks, scratch, files, work)
+        saved.parent.mkdir(exist_ok=True)
+        data = {
+            check: [asdict(p) for p in problems] for check, problems in found.items()
+        }
+        saved.write_text(json.dumps(data, indent=1) + "\n")
+    data = json.loads(saved.read_text())
+    return {check: [Problem(**item) for item in items] for check, items in data.items()}
 
 
-def _mypy_new(base: Base, hooks: Hooks, tree: Path, files: list[str]) -> list[Problem]:
-    """mypy runs in one scratch copy of the pristine release per base, the
-    queue's files laid in for the queue's run: mypy's cache is keyed by path,
-    so the pristine run, the queue's run and every clone share one."""
-    if not hooks.mypy_script or not any(name.endswith(".py") for name in files):
-        return []
-    work = download.cache_dir() / "mypy" / f"{base.name}-{base.sdist.sha256[:12]}"
-    work.mkdir(parents=True, exist_ok=True)
-    with open(work / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        scratch = _scratch(base, work / "tree")
-        baseline = _baseline(base, hooks, work, scratch, files)
-        changed = git.out(tree, "diff", "--name-only", "--no-renames", "base", "HEAD")
-        for name in changed.splitlines():
-            _lay(tree / name, scratch / name)
-        try:
-            return new_problems(mypy(hooks, scratch, files, work / "cache"), baseline)
-        finally:
-            git.run(scratch, "reset", "--quiet", "--hard", "base")
-            git.run(scratch, "clean", "--quiet", "-d", "--force")
+def _changed(tree: Path) -> list[str]:
+    """Every path the tree's queue adds, changes or removes."""
+    names = git.out(tree, "diff", "--name-only", "--no-renames", "base", "HEAD")
+    return names.splitlines()
 
 
-def _scratch(base: Base, path: Path) -> Path:
-    if not (path / ".git").exists():
-        shutil.rmtree(path, ignore_errors=True)
-        source = materialize.pristine(base)
-        git.run(source, "clone", "--quiet", "--local", ".", str(path))
+def _sdist_checkout(base: Base, path: Path) -> Path:
+    """The whole sdist, committed and tagged ``base``; made once per base."""
+    if (path / ".git").exists():
+        return path
+    staging = Path(tempfile.mkdtemp(prefix=".sdist.", dir=path.parent))
+    try:
+        with tarfile.open(download.fetch(base.sdist)) as archive:
+            members = []
+            for member in archive.getmembers():
+                member.name = member.name.partition("/")[2]
+                if member.name:
+                    members.append(member)
+            safety = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            archive.extractall(staging, members=members, **safety)
+        git.run(staging, "init", "--quiet")
+        git.run(staging, "add", "--all", "--force")
+        date = {"GIT_AUTHOR_DATE": git.BASE_DATE, "GIT_COMMITTER_DATE": git.BASE_DATE}
+        message = f"{base.sdist.file}, as published"
+        git.run(staging, "commit", "--quiet", "--no-verify", "-m", message, env=date)
+        git.run(staging, "tag", "base")
+        with contextlib.suppress(OSError):  # another process was first
+            staging.rename(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return path
+
+
+def _restore(scratch: Path) -> None:
+    git.run(scratch, "reset", "--quiet", "--hard", "base")
+    git.run(scratch, "clean", "--quiet", "-d", "--force")
 
 
 def _lay(source: Path, target: Path) -> None:
@@ -310,19 +447,3 @@ def _lay(source: Path, target: Path) -> None:
     if source.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
-
-
-def _baseline(
-    base: Base, hooks: Hooks, work: Path, scratch: Path, files: list[str]
-) -> list[Problem]:
-    """mypy's problems in the pristine versions of ``files``, cached per set."""
-    pristine = [name for name in files if (scratch / name).is_file()]
-    key = hashlib.sha256(
-        json.dumps([hooks.mypy, hooks.mypy_args, sorted(pristine)]).encode()
-    ).hexdigest()[:16]
-    saved = work / "baseline" / f"{key}.json"
-    if not saved.exists():
-        found = mypy(hooks, scratch, pristine, work / "cache")
-        saved.parent.mkdir(exist_ok=True)
-        saved.write_text(json.dumps([vars(problem) for problem in found]))
-    return [Problem(**item) for item in json.loads(saved.read_text())]

@@ -28,7 +28,8 @@ def installed(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
 
 
 def python(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
-    """The interpreter of the environment that ``installed`` makes."""
+    """The interpreter of the environment that ``installed`` makes; with an
+    empty ``requirement``, of one that holds ``with_packages`` alone."""
     return environment(requirement, with_packages) / "bin" / "python"
 
 
@@ -39,12 +40,12 @@ def environment(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
     lock = download.lock_file(f"tool-{path.name}")
     with locks.held(lock, f"to install {requirement}"):
         if not (path / COMPLETE).exists():
-            _install(path, [requirement, *with_packages])
+            _install(path, [r for r in (requirement, *with_packages) if r])
     return path
 
 
 def _env_name(requirement: str, with_packages: tuple[str, ...]) -> str:
-    name = re.sub(r"[^\w.]+", "-", requirement.replace("==", "-"))
+    name = re.sub(r"[^\w.]+", "-", requirement.replace("==", "-")) or "python"
     if not with_packages:
         return name
     digest = hashlib.sha256("\n".join(sorted(with_packages)).encode()).hexdigest()
@@ -55,7 +56,7 @@ def _install(path: Path, requirements: list[str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
     venv.make_venv(path)
     install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q"]
-    if subprocess.run([*install, *requirements]).returncode != 0:
+    if requirements and subprocess.run([*install, *requirements]).returncode != 0:
         raise ForkError(
             f"could not install {' '.join(requirements)} into {path} (pip output "
             "above); check your package index settings and run the command again"

@@ -39,6 +39,14 @@ repos:
     entry: python tools/pre_commit/mypy.py 1 "3.10"
     <<: *mypy_common
     stages: [manual]
+  - id: check-forbidden-imports
+    entry: python tools/pre_commit/check_forbidden_imports.py
+    language: python
+    types: [python]
+    additional_dependencies: [regex]
+  - id: png-lint
+    entry: tools/pre_commit/png-lint.sh
+    language: script
 """
 # Stands in for upstream's tools/pre_commit/mypy.py and the mypy it runs:
 # "# type-error: <message>" in a file is an error on that line.
@@ -71,7 +79,22 @@ for name in [arg for arg in sys.argv[1:] if not arg.startswith("-")][1:]:
                 print(json.dumps(report))
 sys.exit(2 if found else 0)
 """
-PRISTINE_CORE = "# teh first layer\nX = 1  # type-error: old problem\n" + CORE
+# Stands in for one of upstream's own hook scripts; like them it reads a file
+# beside it in the sdist.
+FAKE_FORBIDDEN_IMPORTS = """\
+import pathlib, sys
+allowed = pathlib.Path(__file__).with_name("allowed.txt").read_text().split()
+found = 0
+for name in sys.argv[1:]:
+    for number, line in enumerate(open(name), 1):
+        if line.startswith("import ") and line.split()[1] not in allowed:
+            found += 1
+            print(f"{name}:{number}: \\x1b[91merror:\\x1b[0m forbidden {line.split()[1]}")
+sys.exit(1 if found else 0)
+"""
+PRISTINE_CORE = (
+    "# teh first layer\nimport pickle\nX = 1  # type-error: old problem\n" + CORE
+)
 
 
 @pytest.fixture
@@ -83,6 +106,8 @@ def upstream(project, monkeypatch, tmp_path):
         "vllm/core.py": PRISTINE_CORE,
         ".pre-commit-config.yaml": CONFIG,
         "tools/pre_commit/mypy.py": FAKE_MYPY_SCRIPT,
+        "tools/pre_commit/check_forbidden_imports.py": FAKE_FORBIDDEN_IMPORTS,
+        "tools/pre_commit/allowed.txt": "os\n",
     }
     _sdist(project.sdist, VERSION, files)
     project.pin()
@@ -94,13 +119,18 @@ def upstream(project, monkeypatch, tmp_path):
     return project
 
 
-def _queue(project, core: str) -> list[str]:
-    """One patch that makes vllm/core.py ``core``; the touched files."""
+def _queue(project, core: str, new: str = "") -> list[str]:
+    """One patch that makes vllm/core.py ``core`` (and vllm/new.py ``new``);
+    the touched files."""
     materialize.ensure(project.base)
+    touched = ["vllm/core.py"] + ["vllm/new.py"] * bool(new)
+    if new:
+        (project.tree / "vllm/new.py").write_text(new)
+        git(project.tree, "add", "vllm/new.py")
     message = "[Bugfix][Core] Fix\n\nUpstream-Status: Pending [issue 1]"
     project.commit("vllm/core.py", core, message)
     export.export(project.base)
-    return ["vllm/core.py"]
+    return touched
 
 
 def test_hooks_come_from_the_sdist_config(upstream):
@@ -112,6 +142,12 @@ def test_hooks_come_from_the_sdist_config(upstream):
     assert hooks.mypy == ("mypy[faster-cache]==1.19.1", "regex")
     assert hooks.mypy_args == ("1", "3.10")
     assert hooks.mypy_script.read_text() == FAKE_MYPY_SCRIPT
+    # upstream's own Python hook scripts, not shell ones
+    [local] = hooks.local
+    assert (local.id, local.packages) == ("check-forbidden-imports", ("regex",))
+    assert local.command == ("tools/pre_commit/check_forbidden_imports.py",)
+    assert precommit._matches(local, "vllm/a.py")
+    assert not precommit._matches(local, "docs/a.md")
     assert precommit.checked_files(hooks, ["vllm/third_party/x.py", "vllm/a.py"]) == [
         "vllm/a.py"
     ]
@@ -132,11 +168,19 @@ def test_a_new_mypy_error_is_reported_and_an_old_one_is_not(upstream):
     files = _queue(upstream, core)
     hooks = precommit.hooks(upstream.base)
     found = precommit.queue_problems(upstream.base, upstream.tree, files, hooks)
-    assert found == ["mypy: vllm/core.py:2: new problem  [misc]"]
-    [scratch] = (Path(upstream.root.parent) / "cache" / "mypy").iterdir()
-    # the queue's files are laid in a scratch copy, which goes back to pristine
-    assert (scratch / "tree" / "vllm/core.py").read_text() == PRISTINE_CORE
-    assert git(scratch / "tree", "status", "--porcelain") == ""
+    assert found == ["mypy: vllm/core.py:3: new problem  [misc]"]
+    [work] = (upstream.root.parent / "cache" / "upstream-checks").iterdir()
+    # the queue's files are laid in a checkout of the sdist, then taken back
+    assert (work / "sdist" / "vllm/core.py").read_text() == PRISTINE_CORE
+    assert git(work / "sdist", "status", "--porcelain") == ""
+
+
+def test_upstream_hook_scripts_report_only_what_the_queue_adds(upstream):
+    # upstream's core.py imports pickle itself; the queue's new file does too
+    files = _queue(upstream, PRISTINE_CORE, new="import os\nimport pickle\n")
+    hooks = precommit.hooks(upstream.base)
+    found = precommit.queue_problems(upstream.base, upstream.tree, files, hooks)
+    assert found == ["check-forbidden-imports: vllm/new.py:2: error: forbidden pickle"]
 
 
 def test_baseline_matches_by_file_and_message_not_line():
