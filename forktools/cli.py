@@ -189,7 +189,8 @@ def parser() -> argparse.ArgumentParser:
     sub.choices["pr"].epilog = (
         "Writes pr/<base>/<patch>/: the patch as `git am --keep-non-patch` applies "
         "it to the pristine release, signed off by your git user.name and "
-        "user.email, without the fork's Upstream-Status: trailer; and PR.md, the "
+        "user.email (also its author where the fork's is the maintainers' alias), "
+        "without the fork's Upstream-Status: trailer; and PR.md, the "
         "body (its test sections from `make verify`). The same commit is branch "
         "pr/<patch> of the base's fork tree. Says whether the patch applies to "
         "the newest pinned release. Refuses when your git identity is unset or "

@@ -288,6 +288,9 @@ def main(base: Base, number: int) -> int:
     print(f"{done.body.relative_to(root)}: the pull-request body")
     print(f"branch {done.branch} in {done.tree.relative_to(root)}: the same commit")
     print(f"newest pinned release: {done.newest}")
+    author = git.out(done.tree, "log", "-1", "--format=%an <%ae>", done.branch)
+    if f"Signed-off-by: {author}" not in done.patch.read_text():
+        print(f"note: the author, {author}, has not signed off; DCO needs theirs too")
     if not done.verified:
         print(
             f"PR.md has no test result yet: run `make verify BASE={base.name}`, "

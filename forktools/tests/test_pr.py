@@ -7,10 +7,10 @@ from forktools import cli, export, materialize, pr, verify
 from forktools.pins import ForkError
 from forktools.verify import Outcome, Row
 
-from .conftest import CORE, publish, sha256
+from .conftest import CORE, git, publish, sha256
 
 FORK_SIGN_OFF = "Signed-off-by: Test Author <author@example.com>"
-MESSAGE = f"""[Bugfix][Core] Make layer 3 return 33
+MESSAGE = """[Bugfix][Core] Make layer 3 return 33
 
 Layer 3 returned 3, which broke everything downstream.
 
@@ -108,7 +108,7 @@ def test_submission_is_signed_off_by_the_submitter_and_applies(
     out = capsys.readouterr().out
     assert f"signed off by {ADA}" in out
     assert f"newest pinned release: {project.base.name} is the newest" in out
-    assert f"gh pr create --title '[Bugfix][Core] Make layer 3 return 33'" in out
+    assert "gh pr create --title '[Bugfix][Core] Make layer 3 return 33'" in out
 
 
 def test_fork_sign_off_and_status_stay_out_of_the_submission():
@@ -144,7 +144,10 @@ def _pin_newer(project, version: str, core: str) -> str:
     """Publish vLLM ``version`` with ``core`` and pin it beside the base."""
     publish(project.index, version, core)
     sdist = project.index / f"vllm-{version}.tar.gz"
-    wheel = project.index / f"vllm-{version}-py3-none-manylinux_2_17_{platform.machine()}.whl"
+    wheel = (
+        project.index
+        / f"vllm-{version}-py3-none-manylinux_2_17_{platform.machine()}.whl"
+    )
     with open(project.root / "upstream.toml", "a") as pins_file:
         pins_file.write(
             f'[bases."v{version}"]\nversion = "{version}"\n'
@@ -163,12 +166,27 @@ def _pin_newer(project, version: str, core: str) -> str:
     ],
     ids=["as-is", "offsets", "conflict"],
 )
-def test_pr_says_whether_the_patch_applies_to_the_newest_release(
-    project, core, says
-):
+def test_pr_says_whether_the_patch_applies_to_the_newest_release(project, core, says):
     name = _queue_of_one(project)
     _pin_newer(project, "9.9.10", core)
     verdict = pr.applies_to_newest(project.base, project.base.patch_dir / name)
     assert verdict.startswith(says)
     if says.startswith("does not"):
         assert verdict.endswith("(vllm/core.py)")
+
+
+def test_a_real_author_keeps_authorship_and_is_told_to_sign_off(
+    project, identity, capsys
+):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    materialize.ensure(project.base)
+    core = (
+        (project.tree / "vllm/core.py").read_text().replace("return 3\n", "return 4\n")
+    )
+    (project.tree / "vllm/core.py").write_text(core)
+    grace = "Grace Hopper <grace@navy.mil>"
+    git(project.tree, "commit", "-qam", MESSAGE, "--author", grace)
+    export.export(project.base)
+    assert pr.main(project.base, 1) == 0
+    out = capsys.readouterr().out
+    assert f"note: the author, {grace}, has not signed off; DCO needs theirs" in out

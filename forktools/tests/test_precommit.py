@@ -1,7 +1,6 @@
 """Upstream's pre-commit checks, read from the sdist, with stand-in tools."""
 
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -89,7 +88,8 @@ for name in sys.argv[1:]:
     for number, line in enumerate(open(name), 1):
         if line.startswith("import ") and line.split()[1] not in allowed:
             found += 1
-            print(f"{name}:{number}: \\x1b[91merror:\\x1b[0m forbidden {line.split()[1]}")
+            red = "\\x1b[91merror:\\x1b[0m"
+            print(f"{name}:{number}: {red} forbidden {line.split()[1]}")
 sys.exit(1 if found else 0)
 """
 PRISTINE_CORE = (
