@@ -25,7 +25,7 @@ status: ## table: base, patch, subject, upstream status
 verify: ## each commit: its tests pass with it, fail without it
 	$(forktools) verify $(base_arg)
 
-lint: ## ruff on our code and on every queue under its base's settings
+lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)
 
 wheel: ## the fork wheel for fleets in dist/ (ALL=1: every pinned platform)
@@ -37,7 +37,7 @@ venv: ## build the per-base test environments (cached)
 test: ## everything CI runs: tooling tests, lint, check, verify
 	$(forktools) test $(base_arg)
 
-pr: ## print the upstream PR body for patch number PATCH of BASE
+pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body
 	$(forktools) pr $(base_arg) --patch $(PATCH)
 
 rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests), with a report

@@ -61,7 +61,7 @@ def cmd_verify(args) -> int:
 
 
 def cmd_lint(args) -> int:
-    """Ruff, sign-off, subject and SPDX checks on our code and the queues."""
+    """Upstream's CI checks (ruff, typos, mypy, hooks) on every queue; sign-offs."""
     from forktools import lint
 
     return lint.main(_bases(args))
@@ -75,11 +75,10 @@ def cmd_bench(args) -> int:
 
 
 def cmd_pr(args) -> int:
-    """Print the upstream pull-request body for one patch."""
+    """One patch for upstream: signed off by you, on the pristine release, PR body."""
     from forktools import pr
 
-    print(pr.body(pins.load().get(args.base), args.patch))
-    return 0
+    return pr.main(pins.load().get(args.base), args.patch)
 
 
 def cmd_rebase(args) -> int:
@@ -186,6 +185,16 @@ def parser() -> argparse.ArgumentParser:
         command.set_defaults(func=func)
     sub.choices["pr"].add_argument(
         "--patch", type=int, required=True, help="the patch's number in series"
+    )
+    sub.choices["pr"].epilog = (
+        "Writes pr/<base>/<patch>/: the patch as `git am --keep-non-patch` applies "
+        "it to the pristine release, signed off by your git user.name and "
+        "user.email (also its author where the fork's is the maintainers' alias), "
+        "without the fork's Upstream-Status: trailer; and PR.md, the "
+        "body (its test sections from `make verify`). The same commit is branch "
+        "pr/<patch> of the base's fork tree. Says whether the patch applies to "
+        "the newest pinned release. Refuses when your git identity is unset or "
+        "at a made-up domain (DCO needs a person's)."
     )
     sub.choices["rebase"].add_argument(
         "--to", required=True, help="the upstream release to move to, e.g. 0.34.0"

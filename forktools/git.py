@@ -88,13 +88,14 @@ def out(tree: Path, *args: str) -> str:
 
 
 def apply_check(
-    tree: Path, rev: str, patch: Path, *, reverse: bool = False
+    tree: Path, rev: str, patch: Path, *, reverse: bool = False, verbose: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """``git apply --check`` of ``patch`` on ``rev``'s tree, leaving HEAD alone."""
+    """``git apply --check`` of ``patch`` on ``rev``'s tree, leaving HEAD alone;
+    ``verbose`` reports each hunk's offset on stderr."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
         run(tree, "read-tree", rev, env=env)
-        flags = ["--reverse"] if reverse else []
+        flags = ["--reverse"] * reverse + ["--verbose"] * verbose
         return run(
             tree,
             "apply",

@@ -1,8 +1,10 @@
 """``make lint``: our code under our ruff settings, each queue under its base's.
 
-Every file a queue touches must be clean under that base's own ruff
-configuration and upstream's pinned ruff version; every patch needs a
-vLLM-style subject and a DCO sign-off, and new Python files an SPDX header.
+Every file a queue touches must pass the checks upstream's pre-commit runs on
+a pull request to that release, as its sdist configures them (ruff, typos,
+mypy, upstream's hook scripts; see `forktools.precommit`); every patch needs a
+vLLM-style subject and a Signed-off-by line, and new Python files an SPDX
+header.
 """
 
 from __future__ import annotations
@@ -12,22 +14,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forktools import git, materialize, queue, tools, upstream
+from forktools import git, materialize, precommit, queue, tools, upstream
 from forktools.pins import ROOT, Base
 
 SUBJECT = re.compile(r"^(\[[A-Za-z][\w./ -]*\])+ \S")
 SPDX = "# SPDX-License-Identifier:"
 OUR_CODE = ["forktools", "setup.py"]
+NOT_CONFIGURED = "the release's .pre-commit-config.yaml has no such CI hook"
 
 
-def ruff() -> Path:
-    return tools.installed(tools.RUFF)
-
-
-def _ruff(cwd: Path, config: Path, files: list[str]) -> list[str]:
+def _ruff(cwd: Path, config: Path, files: list[str], version: str) -> list[str]:
     found = []
     for args in (["check"], ["format", "--check"]):
-        command = [str(ruff()), *args, "--config", str(config), *files]
+        ruff = tools.installed(version)
+        command = [str(ruff), *args, "--config", str(config), *files]
         result = subprocess.run(command, cwd=cwd, capture_output=True, text=True)
         if result.returncode != 0:
             found.append(
@@ -37,14 +37,22 @@ def _ruff(cwd: Path, config: Path, files: list[str]) -> list[str]:
 
 
 def our_code() -> list[str]:
-    return _ruff(ROOT, ROOT / "pyproject.toml", OUR_CODE)
+    return _ruff(ROOT, ROOT / "pyproject.toml", OUR_CODE, tools.RUFF)
 
 
 def queue_problems(base: Base) -> list[str]:
     tree = materialize.ensure(base)
     touched = git.out(tree, "diff", "--name-only", "--diff-filter=d", "base", "HEAD")
-    python = [name for name in touched.splitlines() if name.endswith(".py")]
-    found = _ruff(tree, tree / "pyproject.toml", python) if python else []
+    hooks = precommit.hooks(base)
+    files = precommit.checked_files(hooks, touched.splitlines())
+    python = [name for name in files if name.endswith(".py")]
+    found = []
+    if python and hooks.ruff:
+        found += _ruff(tree, tree / "pyproject.toml", python, hooks.ruff)
+    found += [
+        f"{base.name}: {problem}"
+        for problem in precommit.queue_problems(base, tree, files, hooks)
+    ]
     for entry in queue.entries(base):
         found += [
             f"patches/{base.name}/{entry.name}: {p}"
@@ -86,6 +94,8 @@ def _new_files(text: str) -> list[tuple[str, list[str]]]:
 def main(bases: list[Base]) -> int:
     found = our_code()
     for base in bases:
+        for check in precommit.not_configured(precommit.hooks(base)):
+            print(f"lint: {base.name}: {check} not run: {NOT_CONFIGURED}")
         found += queue_problems(base)
     for problem in found:
         print(f"lint: {problem}", file=sys.stderr)

@@ -1,38 +1,132 @@
-"""``make pr``: the upstream pull-request text for one patch of a queue."""
+"""``make pr``: one patch of a queue, made ready to submit upstream.
+
+``pr/<base>/<patch stem>/`` gets the patch as it applies to the pristine
+release (``git am --keep-non-patch``), signed off by the submitter, and
+``PR.md``, the pull-request body. The fork's own trailers stay behind:
+``Upstream-Status:`` is ours, and a sign-off or authorship at a made-up
+domain (the maintainers' alias) is no person's, so DCO cannot take it.
+"""
 
 from __future__ import annotations
 
-from forktools import queue, verify
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from forktools import git, materialize, pins, queue, upstream, verify
 from forktools.pins import Base, ForkError
+
+# Reserved for examples and tests (RFC 2606, RFC 6761): nobody receives mail there.
+MADE_UP_DOMAIN = re.compile(
+    r"(^|\.)(example|invalid|localhost|test)$|(^|\.)example\.(com|net|org)$"
+)
+SET_IDENTITY = (
+    "set your identity: git config --global user.name 'Your Name' && "
+    "git config --global user.email you@your.domain"
+)
+_APPLY_FAILURE = re.compile(
+    r"^error: (?:patch failed: (?P<at>\S+?):\d+|(?P<file>\S+?): "
+    r"(?:patch does not apply|does not exist in index|already exists in index))",
+    re.MULTILINE,
+)
+_OFFSET = re.compile(r"^Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)", re.M)
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    email: str
+
+    def __str__(self) -> str:
+        return f"{self.name} <{self.email}>"
+
+
+@dataclass(frozen=True)
+class Submission:
+    directory: Path
+    patch: Path
+    body: Path
+    branch: str
+    tree: Path
+    signed_off_by: Identity
+    verified: bool
+    newest: str  # whether the patch applies to the newest pinned release
+
+
+def submitter() -> Identity:
+    """The git identity of whoever runs ``make pr``; refuses one that DCO
+    cannot take."""
+    name, email = _config("user.name"), _config("user.email")
+    if not name or not email:
+        raise ForkError(f"no git identity (user.name, user.email); {SET_IDENTITY}")
+    if is_made_up(email):
+        raise ForkError(
+            f"your git identity {name} <{email}> is at a made-up domain, so its "
+            f"Signed-off-by is no DCO sign-off; {SET_IDENTITY}"
+        )
+    return Identity(name, email)
+
+
+def _config(key: str) -> str:
+    result = subprocess.run(
+        ["git", "config", "--get", key], cwd=pins.ROOT, capture_output=True, text=True
+    )
+    return result.stdout.strip()
+
+
+def is_made_up(email: str) -> bool:
+    return bool(MADE_UP_DOMAIN.search(email.rpartition("@")[2].lower()))
+
+
+def title(base: Base, number: int) -> str:
+    return _entry(base, number).subject(base)
 
 
 def body(base: Base, number: int) -> str:
-    entries = queue.entries(base)
-    if not 1 <= number <= len(entries):
-        raise ForkError(f"patches/{base.name} has {len(entries)} patches, no #{number}")
-    entry = entries[number - 1]
-    text = entry.message(base).get_content().split("\n---\n", 1)[0]
-    purpose = "\n".join(
-        line
-        for line in text.strip().splitlines()
-        if not line.startswith("Signed-off-by:")
-    ).strip()
+    """The pull-request body: the message's purpose, then how it was tested
+    (its saved ``make verify`` row; a note to run it where there is none)."""
+    entry = _entry(base, number)
     row = verify.saved_row(base, entry.name)
-    if row is None:
-        raise ForkError(
-            f"no `make verify` result for {entry.name} on the current queue; "
-            f"run `make verify BASE={base.name}` first"
-        )
     return "\n".join(
         [
-            f"Title: {entry.subject(base)}",
-            "",
             "## Purpose",
             "",
-            purpose,
+            _purpose(entry.message(base).get_content()),
             "",
             "## Test Plan",
             "",
+            _plan(row) if row else _unverified(base),
+            "",
+            "## Test Result",
+            "",
+            _result(row) if row else _unverified(base),
+            "",
+        ]
+    )
+
+
+def _entry(base: Base, number: int) -> queue.Entry:
+    entries = queue.entries(base)
+    if not 1 <= number <= len(entries):
+        raise ForkError(f"patches/{base.name} has {len(entries)} patches, no #{number}")
+    return entries[number - 1]
+
+
+def _purpose(mail_body: str) -> str:
+    """The commit message body without its closing trailer block."""
+    message = mail_body.split("\n---\n", 1)[0].strip()
+    paragraphs = message.split("\n\n")
+    if upstream.trailers(message):
+        paragraphs = paragraphs[:-1]
+    return "\n\n".join(paragraphs).strip()
+
+
+def _plan(row: dict) -> str:
+    return "\n".join(
+        [
             "```bash",
             "VLLM_TARGET_DEVICE=cpu pytest -q \\",
             " \\\n".join(f"    {nodeid}" for nodeid in row["nodeids"]),
@@ -40,11 +134,14 @@ def body(base: Base, number: int) -> str:
             "",
             "Run with the fix, and again with the fix undone "
             f"({row['undone_by']}), tests kept.",
-            "",
-            "## Test Result",
-            "",
-            _result(row),
         ]
+    )
+
+
+def _unverified(base: Base) -> str:
+    return (
+        f"TODO: no `make verify` result for this queue yet; run "
+        f"`make verify BASE={base.name}`, then `make pr` again."
     )
 
 
@@ -57,3 +154,159 @@ def _result(row: dict) -> str:
         f"passed; without it {without['failed']}/{total} failed ({kinds}). "
         f"{row['seconds']:.0f} s for both runs."
     )
+
+
+def prepare(base: Base, number: int) -> Submission:
+    """Write ``pr/<base>/<stem>/`` and branch ``pr/<stem>`` of the fork tree."""
+    who = submitter()
+    entry = _entry(base, number)
+    tree = materialize.ensure(base)
+    stem = entry.name.removesuffix(".patch")
+    branch = f"pr/{stem}"
+    commit = _signed_commit(tree, base.patch_dir / entry.name, who)
+    git.run(tree, "update-ref", f"refs/heads/{branch}", commit)
+    directory = pins.ROOT / "pr" / base.name / stem
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("*.patch"):
+        old.unlink()
+    written = git.out(tree, *queue.FORMAT_PATCH, "-o", str(directory), "-1", commit)
+    patch = Path(written)
+    (directory / "PR.md").write_text(body(base, number))
+    return Submission(
+        directory=directory,
+        patch=patch,
+        body=directory / "PR.md",
+        branch=branch,
+        tree=tree,
+        signed_off_by=who,
+        verified=verify.saved_row(base, entry.name) is not None,
+        newest=applies_to_newest(base, patch),
+    )
+
+
+def _signed_commit(tree: Path, patch: Path, who: Identity) -> str:
+    """The patch committed on the tree's ``base`` tag as ``git am
+    --keep-non-patch`` would, without the fork's trailers and signed off by
+    ``who``; no work tree or branch is touched."""
+    with tempfile.TemporaryDirectory() as tmp:
+        info = _mailinfo(tree, patch, Path(tmp))
+        message = submission_message(info["Subject"], info["body"], who)
+        author = Identity(info["Author"], info["Email"])
+        if is_made_up(author.email):
+            author = who
+        index = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        git.run(tree, "read-tree", "base", env=index)
+        applied = git.run(
+            tree, "apply", "--cached", str(Path(tmp) / "diff"), env=index, check=False
+        )
+        if applied.returncode != 0:
+            raise ForkError(
+                f"{patch} does not apply to the pristine release in {tree}:\n"
+                f"{applied.stderr.strip()}\nRun `make check` and fix the queue first."
+            )
+        written = git.run(tree, "write-tree", env=index).stdout.strip()
+        dates = {"GIT_AUTHOR_DATE": info["Date"], "GIT_COMMITTER_DATE": info["Date"]}
+        people = {
+            "GIT_AUTHOR_NAME": author.name,
+            "GIT_AUTHOR_EMAIL": author.email,
+            "GIT_COMMITTER_NAME": who.name,
+            "GIT_COMMITTER_EMAIL": who.email,
+        }
+        return git.run(
+            tree,
+            "commit-tree",
+            written,
+            "-p",
+            "base",
+            env=dates | people,
+            input=message,
+        ).stdout.strip()
+
+
+def _mailinfo(tree: Path, patch: Path, scratch: Path) -> dict[str, str]:
+    msg, diff = scratch / "msg", scratch / "diff"
+    result = git.run(
+        tree, "mailinfo", "-b", str(msg), str(diff), input=patch.read_text()
+    )
+    info = dict(
+        line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line
+    )
+    info["body"] = msg.read_text()
+    return info
+
+
+def submission_message(subject: str, message_body: str, who: Identity) -> str:
+    """The upstream commit message: the fork's ``Upstream-Status:`` and
+    made-up sign-offs dropped, other trailers kept, ``who`` signing off."""
+    paragraphs = [p for p in message_body.strip().split("\n\n") if p.strip()]
+    trailers = upstream.trailers(message_body)
+    if trailers:
+        paragraphs = paragraphs[:-1]
+    kept = [line for line in trailers if not _fork_only(line)]
+    sign_off = f"Signed-off-by: {who}"
+    if sign_off not in kept:
+        kept.append(sign_off)
+    return "\n\n".join([subject, *paragraphs, "\n".join(kept)]) + "\n"
+
+
+def _fork_only(trailer: str) -> bool:
+    key, _, value = trailer.partition(": ")
+    if key == upstream.KEY:
+        return True
+    email = value.rpartition("<")[2].rstrip(">")
+    return key == "Signed-off-by" and is_made_up(email)
+
+
+def applies_to_newest(base: Base, patch: Path) -> str:
+    """Whether ``patch`` applies to the newest pinned release's pristine tree:
+    as is, with offsets, or not (naming the files)."""
+    newest = pins.load().newest_first()[0]
+    if newest.name == base.name:
+        return f"{base.name} is the newest pinned release"
+    tree = materialize.ensure(newest)
+    result = git.apply_check(tree, "base", patch, verbose=True)
+    if result.returncode != 0:
+        files = sorted(
+            {m["at"] or m["file"] for m in _APPLY_FAILURE.finditer(result.stderr)}
+        )
+        return (
+            f"does not apply to {newest.name} ({', '.join(files) or 'see git apply'})"
+        )
+    offsets = _OFFSET.findall(result.stderr)
+    if offsets:
+        return f"applies to {newest.name} with offsets ({len(offsets)} hunk(s) moved)"
+    return f"applies to {newest.name} as is"
+
+
+def main(base: Base, number: int) -> int:
+    done = prepare(base, number)
+    root = pins.ROOT
+    print(
+        f"{done.patch.relative_to(root)}: on pristine {base.name}, "
+        f"signed off by {done.signed_off_by}"
+    )
+    print(f"{done.body.relative_to(root)}: the pull-request body")
+    print(f"branch {done.branch} in {done.tree.relative_to(root)}: the same commit")
+    print(f"newest pinned release: {done.newest}")
+    author = git.out(done.tree, "log", "-1", "--format=%an <%ae>", done.branch)
+    if f"Signed-off-by: {author}" not in done.patch.read_text():
+        print(f"note: the author, {author}, has not signed off; DCO needs theirs too")
+    if not done.verified:
+        print(
+            f"PR.md has no test result yet: run `make verify BASE={base.name}`, "
+            f"then `make pr BASE={base.name} PATCH={number}` again"
+        )
+    print(
+        "\nTo submit, from your clone of github.com/vllm-project/vllm (the fork "
+        "tree's history is the sdist's, not upstream's):\n"
+        f"  git switch -c {done.branch} v{base.version}   # or main\n"
+        f"  git am --keep-non-patch {done.patch}\n"
+        f"  git push -u <your-fork-remote> {done.branch}\n"
+        f"  gh pr create --title {_quoted(title(base, number))} "
+        f"--body-file {done.body}"
+    )
+    return 0
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"

@@ -2,36 +2,63 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
 from forktools import download, locks, venv
 from forktools.pins import ForkError
 
-RUFF = "ruff==0.14.0"  # upstream's pre-commit pin on both bases
+RUFF = "ruff==0.14.0"  # our own code's, as in our .pre-commit-config.yaml
 UV = "uv==0.13.9"
+PYYAML = "pyyaml==6.0.3"
+COMPLETE = ".vllm-fork-complete"
 
 
-def installed(requirement: str) -> Path:
+def installed(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
     """The executable of ``requirement`` (``name==version``), installed once
-    into a private virtual environment through pip."""
-    name = requirement.split("==")[0]
-    path = download.cache_dir() / "tools" / requirement.replace("==", "-")
-    executable = path / "bin" / name
-    if executable.exists():
-        return executable
+    with ``with_packages`` into a private virtual environment through pip."""
+    name = re.split(r"[\[=<>!~ ;]", requirement, maxsplit=1)[0]
+    path = download.cache_dir() / "tools" / _env_name(requirement, with_packages)
+    if not with_packages and (path / "bin" / name).exists():
+        return path / "bin" / name  # installed before environments were marked
+    return environment(requirement, with_packages) / "bin" / name
+
+
+def python(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
+    """The interpreter of the environment that ``installed`` makes; with an
+    empty ``requirement``, of one that holds ``with_packages`` alone."""
+    return environment(requirement, with_packages) / "bin" / "python"
+
+
+def environment(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
+    path = download.cache_dir() / "tools" / _env_name(requirement, with_packages)
+    if (path / COMPLETE).exists():
+        return path
     lock = download.lock_file(f"tool-{path.name}")
     with locks.held(lock, f"to install {requirement}"):
-        if not executable.exists():
-            _install(requirement, path)
-    return executable
+        if not (path / COMPLETE).exists():
+            _install(path, [r for r in (requirement, *with_packages) if r])
+    return path
 
 
-def _install(requirement: str, path: Path) -> None:
+def _env_name(requirement: str, with_packages: tuple[str, ...]) -> str:
+    name = re.sub(r"[^\w.]+", "-", requirement.replace("==", "-")) or "python"
+    if not with_packages:
+        return name
+    digest = hashlib.sha256("\n".join(sorted(with_packages)).encode()).hexdigest()
+    return f"{name}+{digest[:10]}"
+
+
+def _install(path: Path, requirements: list[str]) -> None:
+    shutil.rmtree(path, ignore_errors=True)
     venv.make_venv(path)
     install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q"]
-    if subprocess.run([*install, requirement]).returncode != 0:
+    if requirements and subprocess.run([*install, *requirements]).returncode != 0:
         raise ForkError(
-            f"could not install {requirement} into {path} (pip output above); "
-            "check your package index settings and run the command again"
+            f"could not install {' '.join(requirements)} into {path} (pip output "
+            "above); check your package index settings and run the command again"
         )
+    (path / COMPLETE).touch()

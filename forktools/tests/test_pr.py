@@ -1,16 +1,24 @@
+import platform
+import subprocess
+
 import pytest
 
-from forktools import export, materialize, pr, verify
+from forktools import cli, export, materialize, pr, verify
 from forktools.pins import ForkError
 from forktools.verify import Outcome, Row
 
+from .conftest import CORE, git, publish, sha256
+
+FORK_SIGN_OFF = "Signed-off-by: Test Author <author@example.com>"
 MESSAGE = """[Bugfix][Core] Make layer 3 return 33
 
 Layer 3 returned 3, which broke everything downstream.
 
 Upstream status: not upstream.
 
-Signed-off-by: Test Author <author@example.com>"""
+Upstream-Status: Pending [issue 1]
+Co-authored-by: Grace Hopper <grace@navy.mil>"""
+ADA = "Ada Lovelace <ada@lovelace.dev>"
 
 
 def _queue_of_one(project) -> str:
@@ -19,6 +27,26 @@ def _queue_of_one(project) -> str:
     project.commit("vllm/core.py", text.replace("return 3\n", "return 33\n"), MESSAGE)
     [name] = export.export(project.base)
     return name
+
+
+@pytest.fixture
+def identity(tmp_path, monkeypatch):
+    """Point git at a global config of the test's own; returns its path."""
+    config = tmp_path / "gitconfig"
+    config.write_text("")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    return config
+
+
+def _set(config, name: str, email: str) -> None:
+    config.write_text(f"[user]\n\tname = {name}\n\temail = {email}\n")
+
+
+def _git(tree, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(tree), *args], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def test_pr_body_comes_from_message_and_verify_row(project):
@@ -34,17 +62,131 @@ def test_pr_body_comes_from_message_and_verify_row(project):
         undone_by="reverted vllm/core.py",
     )
     verify._save(project.base, [row])
+    assert pr.title(project.base, 1) == "[Bugfix][Core] Make layer 3 return 33"
     text = pr.body(project.base, 1)
-    assert text.startswith("Title: [Bugfix][Core] Make layer 3 return 33\n")
-    assert "## Purpose\n\nLayer 3 returned 3" in text
-    assert "Signed-off-by" not in text
+    assert text.startswith("## Purpose\n\nLayer 3 returned 3")
+    assert "Upstream status: not upstream.\n\n## Test Plan" in text
+    assert "Signed-off-by" not in text and "Upstream-Status" not in text
     assert "    tests/test_core.py::test_layer" in text
     assert "with the fix 1/1 passed; without it 1/1 failed (AssertionError)" in text
 
 
-def test_pr_needs_a_verify_row_for_the_current_queue(project):
+def test_pr_body_without_verify_row_says_to_run_it(project):
     _queue_of_one(project)
-    with pytest.raises(ForkError, match="make verify"):
-        pr.body(project.base, 1)
+    text = pr.body(project.base, 1)
+    assert f"run `make verify BASE={project.base.name}`, then `make pr`" in text
     with pytest.raises(ForkError, match="no #2"):
         pr.body(project.base, 2)
+
+
+def test_submission_is_signed_off_by_the_submitter_and_applies(
+    project, identity, tmp_path, capsys
+):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    name = _queue_of_one(project)
+    assert cli.main(["pr", "--base", project.base.name, "--patch", "1"]) == 0
+    directory = project.root / "pr" / project.base.name / name.removesuffix(".patch")
+    [patch] = directory.glob("*.patch")
+    assert (directory / "PR.md").read_text().startswith("## Purpose")
+    clone = tmp_path / "upstream-clone"
+    _git(materialize.pristine(project.base), "clone", "-q", ".", str(clone))
+    _git(clone, "am", "--keep-non-patch", str(patch))
+    message = _git(clone, "log", "-1", "--format=%B").strip()
+    assert message.startswith("[Bugfix][Core] Make layer 3 return 33\n")
+    assert message.endswith(
+        f"Upstream status: not upstream.\n\n"
+        f"Co-authored-by: Grace Hopper <grace@navy.mil>\nSigned-off-by: {ADA}"
+    )
+    assert _git(clone, "log", "-1", "--format=%an <%ae>|%cn <%ce>").strip() == (
+        f"{ADA}|{ADA}"
+    )
+    assert "return 33" in (clone / "vllm/core.py").read_text()
+    branch = f"pr/{name.removesuffix('.patch')}"
+    assert _git(project.tree, "rev-parse", f"{branch}^") == _git(
+        project.tree, "rev-parse", "base"
+    )
+    out = capsys.readouterr().out
+    assert f"signed off by {ADA}" in out
+    assert f"newest pinned release: {project.base.name} is the newest" in out
+    assert "gh pr create --title '[Bugfix][Core] Make layer 3 return 33'" in out
+
+
+def test_fork_sign_off_and_status_stay_out_of_the_submission():
+    body = f"Why.\n\nUpstream-Status: Pending [issue 1]\n{FORK_SIGN_OFF}\n"
+    who = pr.Identity("Ada Lovelace", "ada@lovelace.dev")
+    assert pr.submission_message("[Bugfix] X", body, who) == (
+        f"[Bugfix] X\n\nWhy.\n\nSigned-off-by: {ADA}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "email", "says"),
+    [
+        ("", "", "no git identity (user.name, user.email); set your identity: "),
+        ("Ada", "", "no git identity"),
+        ("Group", "team@users.noreply.fork.example", "at a made-up domain"),
+        ("Group", "team@example.com", "at a made-up domain"),
+    ],
+    ids=["unset", "no-email", "noreply-example", "example.com"],
+)
+def test_pr_refuses_without_a_real_identity(project, identity, name, email, says):
+    if name or email:
+        _set(identity, name, email)
+    _queue_of_one(project)
+    with pytest.raises(ForkError) as refused:
+        pr.prepare(project.base, 1)
+    assert says in str(refused.value)
+    assert "set your identity: git config --global user.name" in str(refused.value)
+    assert not (project.root / "pr").exists()
+
+
+def _pin_newer(project, version: str, core: str) -> str:
+    """Publish vLLM ``version`` with ``core`` and pin it beside the base."""
+    publish(project.index, version, core)
+    sdist = project.index / f"vllm-{version}.tar.gz"
+    wheel = (
+        project.index
+        / f"vllm-{version}-py3-none-manylinux_2_17_{platform.machine()}.whl"
+    )
+    with open(project.root / "upstream.toml", "a") as pins_file:
+        pins_file.write(
+            f'[bases."v{version}"]\nversion = "{version}"\n'
+            f'sdist = {{ file = "{sdist.name}", sha256 = "{sha256(sdist)}" }}\n'
+            f'wheels = [{{ file = "{wheel.name}", sha256 = "{sha256(wheel)}" }}]\n'
+        )
+    return f"v{version}"
+
+
+@pytest.mark.parametrize(
+    ("core", "says"),
+    [
+        (CORE, "applies to v9.9.10 as is"),
+        ("# moved\n\n" + CORE, "applies to v9.9.10 with offsets (1 hunk(s) moved)"),
+        (CORE.replace("return 3\n", "return 30\n"), "does not apply to v9.9.10"),
+    ],
+    ids=["as-is", "offsets", "conflict"],
+)
+def test_pr_says_whether_the_patch_applies_to_the_newest_release(project, core, says):
+    name = _queue_of_one(project)
+    _pin_newer(project, "9.9.10", core)
+    verdict = pr.applies_to_newest(project.base, project.base.patch_dir / name)
+    assert verdict.startswith(says)
+    if says.startswith("does not"):
+        assert verdict.endswith("(vllm/core.py)")
+
+
+def test_a_real_author_keeps_authorship_and_is_told_to_sign_off(
+    project, identity, capsys
+):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    materialize.ensure(project.base)
+    core = (
+        (project.tree / "vllm/core.py").read_text().replace("return 3\n", "return 4\n")
+    )
+    (project.tree / "vllm/core.py").write_text(core)
+    grace = "Grace Hopper <grace@navy.mil>"
+    git(project.tree, "commit", "-qam", MESSAGE, "--author", grace)
+    export.export(project.base)
+    assert pr.main(project.base, 1) == 0
+    out = capsys.readouterr().out
+    assert f"note: the author, {grace}, has not signed off; DCO needs theirs" in out
