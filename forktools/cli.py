@@ -194,7 +194,8 @@ def parser() -> argparse.ArgumentParser:
         "body (its test sections from `make verify`). The same commit is branch "
         "pr/<patch> of the base's fork tree. Says whether the patch applies to "
         "the newest pinned release. Refuses when your git identity is unset or "
-        "at a made-up domain (DCO needs a person's)."
+        "at a made-up domain (DCO needs a person's), and for a fork-only patch "
+        "(Upstream-Status: Inappropriate)."
     )
     sub.choices["rebase"].add_argument(
         "--to", required=True, help="the upstream release to move to, e.g. 0.34.0"

@@ -115,6 +115,15 @@ def _entry(base: Base, number: int) -> queue.Entry:
     return entries[number - 1]
 
 
+def refuse_fork_only(base: Base, entry: queue.Entry) -> None:
+    status = entry.upstream_status(base)
+    if status.kind == "Inappropriate":
+        raise ForkError(
+            f"patches/{base.name}/{entry.name} is not for upstream ({status}); "
+            "submit the fix it covers instead"
+        )
+
+
 def _purpose(mail_body: str) -> str:
     """The commit message body without its closing trailer block."""
     message = mail_body.split("\n---\n", 1)[0].strip()
@@ -160,6 +169,7 @@ def prepare(base: Base, number: int) -> Submission:
     """Write ``pr/<base>/<stem>/`` and branch ``pr/<stem>`` of the fork tree."""
     who = submitter()
     entry = _entry(base, number)
+    refuse_fork_only(base, entry)
     tree = materialize.ensure(base)
     stem = entry.name.removesuffix(".patch")
     branch = f"pr/{stem}"

@@ -140,6 +140,24 @@ def test_pr_refuses_without_a_real_identity(project, identity, name, email, says
     assert not (project.root / "pr").exists()
 
 
+def test_pr_refuses_a_fork_only_patch(project, identity):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    materialize.ensure(project.base)
+    message = MESSAGE.replace(
+        "Pending [issue 1]", "Inappropriate [fork-only coverage of layer 3]"
+    )
+    project.commit("tests/test_core.py", "def test_core():\n    pass\n", message)
+    [name] = export.export(project.base)
+
+    with pytest.raises(ForkError) as refused:
+        pr.prepare(project.base, 1)
+
+    assert f"patches/{project.base.name}/{name} is not for upstream" in str(
+        refused.value
+    )
+    assert not (project.root / "pr").exists()
+
+
 def _pin_newer(project, version: str, core: str) -> str:
     """Publish vLLM ``version`` with ``core`` and pin it beside the base."""
     publish(project.index, version, core)
