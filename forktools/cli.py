@@ -121,6 +121,16 @@ def cmd_venv(args) -> int:
     return 0
 
 
+def cmd_engine_env(args) -> int:
+    """Build (if needed) and print each base's CPU engine environment."""
+    from forktools import venv
+
+    for base in _bases(args):
+        python = venv.ensure_engine(base)
+        print(f"{base.name}: {python or 'no engine pinned in upstream.toml'}")
+    return 0
+
+
 def cmd_test(args) -> int:
     """Everything CI runs: tooling tests, lint, check, verify."""
     import subprocess
@@ -159,6 +169,7 @@ COMMANDS = {
     "rebase": cmd_rebase,
     "wheel": cmd_wheel,
     "venv": cmd_venv,
+    "engine-env": cmd_engine_env,
     "test": cmd_test,
 }
 BASE_DEFAULT = {
