@@ -3,8 +3,9 @@
 Started by ``forktools.engine`` with the engine environment's Python, as a
 script (``python -P engine_run.py model DIR`` or ``generate DIR OUT``; ``-P``
 keeps forktools/ off sys.path, where its queue.py would shadow the standard
-library's), so it imports nothing from forktools: only the standard library and what that
-environment holds (torch, transformers, tokenizers, safetensors, vllm).
+library's), so it imports nothing from forktools: only the standard library
+and what that environment holds (torch, transformers, tokenizers,
+safetensors, vllm).
 
 ``model`` writes a 2-layer Llama (hidden 128, 4 heads of 32: CPU attention
 needs head_dim >= 32), a word-level tokenizer, a LoRA adapter in PEFT's
