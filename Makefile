@@ -4,7 +4,7 @@ BASE ?=
 base_arg = $(if $(BASE),--base $(BASE))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check status verify lint test venv pr bench rebase wheel
+.PHONY: help fork export check status verify lint test venv engine pr bench rebase wheel
 
 help: ## list the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ wheel: ## the fork wheel for fleets in dist/ (ALL=1: every pinned platform)
 
 venv: ## build the per-base test environments (cached)
 	$(forktools) venv $(base_arg)
+
+engine: ## build the CPU engine environments (cached; SMOKE=1 runs the engine on the fork tree)
+	$(forktools) engine-env $(base_arg) $(if $(SMOKE),--smoke)
 
 test: ## everything CI runs: tooling tests, lint, check, verify
 	$(forktools) test $(base_arg)

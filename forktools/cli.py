@@ -120,6 +120,22 @@ def cmd_venv(args) -> int:
     return 0
 
 
+def cmd_engine_env(args) -> int:
+    """Build (if needed) and print each base's CPU engine environment."""
+    from forktools import venv
+
+    for base in _bases(args):
+        python = venv.ensure_engine(base)
+        print(f"{base.name}: {python or 'no engine pinned in upstream.toml'}")
+        if python and args.smoke:
+            from forktools import engine
+
+            tree = Path(args.tree) if args.tree else None
+            for line in engine.smoke(base, tree, keep=args.keep):
+                print(f"  {line}")
+    return 0
+
+
 def cmd_test(args) -> int:
     """Everything CI runs: tooling tests, lint, check, verify."""
     import subprocess
@@ -158,6 +174,7 @@ COMMANDS = {
     "rebase": cmd_rebase,
     "wheel": cmd_wheel,
     "venv": cmd_venv,
+    "engine-env": cmd_engine_env,
     "test": cmd_test,
 }
 BASE_DEFAULT = {
@@ -205,6 +222,20 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="first run each fix's tests on the new release without it (builds "
         "its test environment); all passing drops the patch as already upstream",
+    )
+    engine_env = sub.choices["engine-env"]
+    engine_env.add_argument(
+        "--smoke",
+        action="store_true",
+        help="then run the engine on the fork tree: a tiny Llama with LoRA, "
+        "greedy tokens against HF transformers', and an AOT compile cold and "
+        "warm (minutes)",
+    )
+    engine_env.add_argument(
+        "--tree", help="with --smoke: run these sources (default: the fork tree)"
+    )
+    engine_env.add_argument(
+        "--keep", action="store_true", help="with --smoke: keep the model and logs"
     )
     sub.choices["wheel"].add_argument(
         "--all-platforms",

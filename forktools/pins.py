@@ -37,6 +37,26 @@ class Exclusion:
 
 
 @dataclass(frozen=True)
+class Substitution:
+    """A requirement of the engine wheel installed as another, and why."""
+
+    requirement: str
+    replacement: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A CPU build of vLLM whose compiled kernels run the fork tree's sources
+    in a real engine (``LLM(...)``) on this machine."""
+
+    wheels: tuple[Artifact, ...]
+    python: str
+    substitutions: tuple[Substitution, ...]
+    test_requirements: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Base:
     name: str
     version: str
@@ -44,17 +64,16 @@ class Base:
     wheels: tuple[Artifact, ...]
     test_requirements: tuple[str, ...]
     cpu_test_exclude: tuple[Exclusion, ...] = ()
+    engine: Engine | None = None
 
     def wheel_for_this_machine(self) -> Artifact:
-        arch = platform.machine()
-        for wheel in self.wheels:
-            if wheel.file.endswith(f"_{arch}.whl"):
-                return wheel
-        names = ", ".join(w.file for w in self.wheels)
-        raise ForkError(
-            f"{self.name}: no pinned wheel for this machine ({arch}); "
-            f"pinned: {names}. Add one to {PIN_FILE.name}."
-        )
+        return for_this_machine(self.name, "wheel", self.wheels)
+
+    def engine_wheel_for_this_machine(self) -> Artifact | None:
+        """The engine's wheel; None when the base pins no engine."""
+        if self.engine is None:
+            return None
+        return for_this_machine(self.name, "engine wheel", self.engine.wheels)
 
     @property
     def artifacts(self) -> tuple[Artifact, ...]:
@@ -81,6 +100,18 @@ class Pins:
         return sorted(self.bases.values(), key=_version_key, reverse=True)
 
 
+def for_this_machine(base: str, what: str, wheels: tuple[Artifact, ...]) -> Artifact:
+    arch = platform.machine()
+    for wheel in wheels:
+        if wheel.file.endswith(f"_{arch}.whl"):
+            return wheel
+    names = ", ".join(w.file for w in wheels)
+    raise ForkError(
+        f"{base}: no pinned {what} for this machine ({arch}); "
+        f"pinned: {names}. Add one to {PIN_FILE.name}."
+    )
+
+
 def _version_key(base: Base) -> tuple[int, ...]:
     return version_key(base.version)
 
@@ -100,6 +131,28 @@ def _exclusion(base: str, entry: dict) -> Exclusion:
             "needs both a requirement and a reason"
         )
     return Exclusion(entry["requirement"], entry["reason"])
+
+
+def _substitution(base: str, entry: dict) -> Substitution:
+    if not all(entry.get(key) for key in ("requirement", "with", "reason")):
+        raise ForkError(
+            f"{PIN_FILE.name}: [bases.{base!r}.engine] substitution {entry} "
+            "needs a requirement, what to install `with` instead, and a reason"
+        )
+    return Substitution(entry["requirement"], entry["with"], entry["reason"])
+
+
+def _engine(base: str, entry: dict | None) -> Engine | None:
+    if entry is None:
+        return None
+    return Engine(
+        wheels=tuple(_artifact(w) for w in entry["wheels"]),
+        python=entry["python"],
+        substitutions=tuple(
+            _substitution(base, item) for item in entry.get("substitutions", ())
+        ),
+        test_requirements=tuple(entry.get("test-requirements", ())),
+    )
 
 
 LAYOUT = (
@@ -136,6 +189,7 @@ def _base(path: Path, name: str, entry: dict) -> Base:
             cpu_test_exclude=tuple(
                 _exclusion(name, item) for item in entry.get("cpu-test-exclude", ())
             ),
+            engine=_engine(name, entry.get("engine")),
         )
     except _MALFORMED as e:
         raise _malformed(path, f"[bases.{name!r}]: ", e) from e

