@@ -81,7 +81,11 @@ def _changed(tree: Path, commit: str, *pathspec: str) -> list[str]:
     return names.splitlines()
 
 
-def run_tests(python: Path, tree: Path, nodeids: list[str]) -> Outcome:
+def run_tests(
+    python: Path, tree: Path, nodeids: list[str], engine: Path | None = None
+) -> Outcome:
+    """Run ``nodeids``; ``engine``, the base's CPU engine Python if it pins
+    one, is named to engine tests in VLLM_FORK_ENGINE_PYTHON."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         env = dict(
@@ -92,6 +96,8 @@ def run_tests(python: Path, tree: Path, nodeids: list[str]) -> Outcome:
             VLLM_CACHE_ROOT=str(Path(tmp) / "vllm-cache"),
             HF_HUB_OFFLINE="1",
         )
+        if engine is not None:
+            env["VLLM_FORK_ENGINE_PYTHON"] = str(engine)
         command = [
             str(python),
             "-m",
@@ -192,16 +198,17 @@ def verify_base(base: Base) -> list[Row]:
     if not entries:
         return []
     python = venv.ensure(base)
+    engine = venv.ensure_engine(base)
     commits = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
     rows = []
     with scratch_worktree(tree) as worktree:
         for entry, commit in zip(entries, commits, strict=True):
-            rows.append(_verify_commit(base, entry, commit, python, worktree))
+            rows.append(_verify_commit(base, entry, commit, python, worktree, engine))
             git.run(worktree, "reset", "--hard", "--quiet", "HEAD")
     return rows
 
 
-def _verify_commit(base, entry, commit, python, worktree) -> Row:
+def _verify_commit(base, entry, commit, python, worktree, engine=None) -> Row:
     started = time.monotonic()
     nodeids = added_tests(worktree, commit)
     row = Row(base.name, entry.name, len(nodeids), None, None, 0.0, nodeids=nodeids)
@@ -209,10 +216,10 @@ def _verify_commit(base, entry, commit, python, worktree) -> Row:
         row.problem = "adds no test functions"
         return row
     print(f"verify: {base.name} {entry.name}: with the fix", file=sys.stderr)
-    row.with_fix = run_tests(python, worktree, nodeids)
+    row.with_fix = run_tests(python, worktree, nodeids, engine)
     row.undone_by = without_fix(base, entry, worktree, commit)
     print(f"verify: {base.name} {entry.name}: {row.undone_by}", file=sys.stderr)
-    row.without_fix = run_tests(python, worktree, nodeids)
+    row.without_fix = run_tests(python, worktree, nodeids, engine)
     row.seconds = time.monotonic() - started
     row.problem = _judge(row.with_fix, row.without_fix) or _judge_variants(
         row.with_fix, row.without_fix
