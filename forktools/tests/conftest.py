@@ -4,6 +4,7 @@ import hashlib
 import io
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from forktools import pins
+from forktools.pins import ROOT
 
 VERSION = "9.9.9"
 BASE = f"v{VERSION}"
@@ -79,6 +81,18 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def copy_tooling(root: Path, *files: str) -> None:
+    """This repository's ``files`` and forktools/ (without its tests) into
+    ``root``, as a clone of the project holds them."""
+    for name in files:
+        shutil.copy(ROOT / name, root / name)
+    shutil.copytree(
+        ROOT / "forktools",
+        root / "forktools",
+        ignore=shutil.ignore_patterns("tests", "__pycache__"),
+    )
+
+
 class Project:
     """A scratch fork project: pin file, patches/, cache and wheelhouse."""
 
@@ -90,7 +104,14 @@ class Project:
         _wheel(self.wheel)
         self.pin()
 
-    def pin(self, sdist_sha: str | None = None) -> None:
+    def pin(
+        self, sdist_sha: str | None = None, wheels: list[Path] | None = None
+    ) -> None:
+        """Pin the sdist and ``wheels`` (default: this machine's wheel)."""
+        pinned = ", ".join(
+            f'{{ file = "{wheel.name}", sha256 = "{sha256(wheel)}" }}'
+            for wheel in wheels or [self.wheel]
+        )
         (self.root / "upstream.toml").write_text(
             textwrap.dedent(
                 f"""\
@@ -98,7 +119,7 @@ class Project:
                 [bases."{BASE}"]
                 version = "{VERSION}"
                 sdist = {{ file = "{self.sdist.name}", sha256 = "{sdist_sha or sha256(self.sdist)}" }}
-                wheels = [{{ file = "{self.wheel.name}", sha256 = "{sha256(self.wheel)}" }}]
+                wheels = [{pinned}]
                 """
             )
         )

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from forktools.pins import ROOT
+from .conftest import copy_tooling
 
 SLOW_FORK = """
 import sys, time
@@ -26,11 +26,7 @@ def _clone(project, root):
     if root != project.root:
         root.mkdir()
         shutil.copy(project.root / "upstream.toml", root / "upstream.toml")
-    shutil.copytree(
-        ROOT / "forktools",
-        root / "forktools",
-        ignore=shutil.ignore_patterns("tests", "__pycache__"),
-    )
+    copy_tooling(root)
     return root
 
 

@@ -7,7 +7,6 @@ settings.
 """
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from forktools import materialize, tools, uv_index
-from forktools.pins import ROOT
 
-from .conftest import WHEEL_FILES, _wheel
+from .conftest import WHEEL_FILES, _wheel, copy_tooling
 
 BUILD_REQUIREMENTS = ["setuptools>=77", "pip", "packaging"]
 
@@ -45,13 +43,7 @@ def build_wheelhouse(tmp_path_factory) -> Path:
 def uv_project(project, tmp_path, uv, build_wheelhouse):
     """A copy of this repository's installer with the miniature release pinned;
     the wheel requires nothing, so that the install needs no index."""
-    for name in ("setup.py", "pyproject.toml"):
-        shutil.copy(ROOT / name, project.root / name)
-    shutil.copytree(
-        ROOT / "forktools",
-        project.root / "forktools",
-        ignore=shutil.ignore_patterns("tests", "__pycache__"),
-    )
+    copy_tooling(project.root, "setup.py", "pyproject.toml")
     metadata = next(name for name in WHEEL_FILES if name.endswith("METADATA"))
     requirements_free = "".join(
         line

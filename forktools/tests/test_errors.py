@@ -12,9 +12,9 @@ import threading
 import pytest
 
 from forktools import cli, download, materialize, venv
-from forktools.pins import ROOT, ForkError
+from forktools.pins import ForkError
 
-from .conftest import BASE
+from .conftest import BASE, copy_tooling
 
 OLD_GIT = """#!/bin/sh
 case "$*" in
@@ -26,12 +26,7 @@ esac
 
 
 def _setup_py(project, *args: str) -> subprocess.CompletedProcess[str]:
-    shutil.copy(ROOT / "setup.py", project.root / "setup.py")
-    shutil.copytree(
-        ROOT / "forktools",
-        project.root / "forktools",
-        ignore=shutil.ignore_patterns("tests", "__pycache__"),
-    )
+    copy_tooling(project.root, "setup.py")
     return subprocess.run(
         [sys.executable, "setup.py", *args],
         cwd=project.root,

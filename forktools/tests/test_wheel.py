@@ -6,19 +6,25 @@ import hashlib
 import io
 import os
 import platform
-import shutil
 import subprocess
 import sys
-import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from forktools import build_backend, cli, export, materialize, status, wheel
-from forktools.pins import ROOT
 
-from .conftest import BASE, SDIST_FILES, VERSION, WHEEL_FILES, _sdist, git, sha256
+from .conftest import (
+    BASE,
+    SDIST_FILES,
+    VERSION,
+    WHEEL_FILES,
+    _sdist,
+    copy_tooling,
+    git,
+    sha256,
+)
 from .test_editable_install import build_wheelhouse  # noqa: F401 (a fixture)
 
 DIST_INFO = f"vllm-{VERSION}.dist-info"
@@ -61,24 +67,10 @@ def fleet(project):
     queue that changes vllm/core.py, adds vllm/added.py, removes
     vllm/legacy.py and touches tests/ (which no wheel ships)."""
     _sdist(project.sdist, VERSION, {**SDIST_FILES, "vllm/legacy.py": "OLD = True\n"})
-    wheels = []
-    for arch in ("x86_64", "aarch64"):
-        upstream_wheel(project.index / wheel_name(arch), arch)
-        wheels.append(
-            f'{{ file = "{wheel_name(arch)}", '
-            f'sha256 = "{sha256(project.index / wheel_name(arch))}" }}'
-        )
-    (project.root / "upstream.toml").write_text(
-        textwrap.dedent(
-            f"""\
-            default = "{BASE}"
-            [bases."{BASE}"]
-            version = "{VERSION}"
-            sdist = {{ file = "{project.sdist.name}", sha256 = "{sha256(project.sdist)}" }}
-            wheels = [{", ".join(wheels)}]
-            """
-        )
-    )
+    wheels = [project.index / wheel_name(arch) for arch in ("x86_64", "aarch64")]
+    for path, arch in zip(wheels, ("x86_64", "aarch64"), strict=False):
+        upstream_wheel(path, arch)
+    project.pin(wheels=wheels)
     tree = materialize.ensure(project.base)
     (tree / "vllm/core.py").write_text(PATCHED_CORE)
     (tree / "vllm/added.py").write_text(ADDED)
@@ -211,13 +203,7 @@ def test_pip_wheel_of_the_repository_is_the_make_wheel_wheel(
     tmp_path,
     build_wheelhouse,  # noqa: F811
 ):
-    for name in ("setup.py", "pyproject.toml"):
-        shutil.copy(ROOT / name, fleet.root / name)
-    shutil.copytree(
-        ROOT / "forktools",
-        fleet.root / "forktools",
-        ignore=shutil.ignore_patterns("tests", "__pycache__"),
-    )
+    copy_tooling(fleet.root, "setup.py", "pyproject.toml")
     env = {
         **os.environ,
         "PIP_CONFIG_FILE": os.devnull,
