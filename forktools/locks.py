@@ -36,6 +36,9 @@ class Lock:
             return False
         return True
 
+    def unlock(self) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+
     def close(self) -> None:
         self.file.close()
 

@@ -71,15 +71,22 @@ def ensure(base: Base) -> Path:
 
 
 def _use(path: Path, build: Callable[[], None]) -> locks.Lock:
-    """The environment's lock, held shared once ``path`` is complete."""
+    """The environment's lock, held shared once ``path`` is complete.
+
+    Builders take a separate build lock first: a run that waits for another
+    run's build must not wait on the lock that run then holds shared until it
+    exits (nor, two threads of one run, on each other)."""
     lock = locks.Lock(lock_file(path), f"to build {path}")
     try:
         lock.shared()
         if not (path / COMPLETE_MARKER).exists():
-            lock.exclusive()
-            if not (path / COMPLETE_MARKER).exists():
-                build()
-            lock.shared()
+            lock.unlock()
+            with locks.held(build_lock_file(path), f"to build {path}"):
+                lock.shared()
+                if not (path / COMPLETE_MARKER).exists():
+                    lock.exclusive()
+                    build()
+                    lock.shared()
     except BaseException:
         lock.close()
         raise
@@ -89,6 +96,11 @@ def _use(path: Path, build: Callable[[], None]) -> locks.Lock:
 def lock_file(env: Path) -> Path:
     """Shared by the runs that use ``env``; exclusive to its builder or remover."""
     return download.lock_file(f"venv-{env.name}")
+
+
+def build_lock_file(env: Path) -> Path:
+    """Held by the one run that checks for ``env`` and builds it if missing."""
+    return download.lock_file(f"venv-build-{env.name}")
 
 
 def _build(base: Base, path: Path, wheel: Path) -> None:

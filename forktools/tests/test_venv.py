@@ -1,7 +1,8 @@
 """The CPU test environment: exact requirements unless a base excludes some."""
 
-import concurrent.futures
+import contextlib
 import sys
+import threading
 from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
@@ -51,8 +52,20 @@ def test_key_of_a_base_without_exclusions_is_unchanged(project):
 
 
 def _twice_at_once(function):
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        return [run.result() for run in [pool.submit(function) for _ in range(2)]]
+    """``function``'s results from two threads; daemon threads, so that a
+    deadlock fails the test instead of hanging the run."""
+    results: list = [None, None]
+
+    def run(index: int) -> None:
+        results[index] = function()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "the two runs deadlocked"
+    return results
 
 
 def test_two_runs_at_once_build_one_environment(project, builds):
@@ -60,6 +73,27 @@ def test_two_runs_at_once_build_one_environment(project, builds):
     assert pythons[0] == pythons[1]
     assert len(builds) == 1
     assert (builds[0] / venv.COMPLETE_MARKER).exists()
+
+
+def test_a_run_that_waited_for_a_build_goes_on_while_the_builder_runs(
+    project, builds, monkeypatch
+):
+    # Both runs find the environment missing before either builds it. The
+    # builder then holds it in use until it exits; the other run must not
+    # wait for that exit (nor, as here, two threads of one run deadlock).
+    both_looked = threading.Barrier(2, timeout=2)
+    exists = Path.exists
+
+    def exists_once_both_looked(path: Path) -> bool:
+        if path.name == venv.COMPLETE_MARKER:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                both_looked.wait()
+        return exists(path)
+
+    monkeypatch.setattr(Path, "exists", exists_once_both_looked)
+    pythons = _twice_at_once(lambda: venv.ensure(project.base))
+    assert pythons[0] == pythons[1]
+    assert len(builds) == 1
 
 
 def test_two_runs_at_once_install_a_tool_once(project, builds):
