@@ -2,6 +2,7 @@
 PYTHON ?= python3
 BASE ?=
 base_arg = $(if $(BASE),--base $(BASE))
+jobs_arg = $(if $(JOBS),--jobs $(JOBS))
 forktools = $(PYTHON) -m forktools
 
 .PHONY: help fork export check status verify lint test venv engine pr bench rebase wheel
@@ -22,8 +23,8 @@ check: ## fail when patches/ and the fork trees disagree
 status: ## table: base, patch, subject, upstream status
 	$(forktools) status $(base_arg)
 
-verify: ## each commit: its tests pass with it, fail without it
-	$(forktools) verify $(base_arg)
+verify: ## each commit: its tests pass with it, fail without it (JOBS=n bases at once)
+	$(forktools) verify $(base_arg) $(jobs_arg)
 
 lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)
@@ -38,7 +39,7 @@ engine: ## build the CPU engine environments (cached; SMOKE=1 runs the engine on
 	$(forktools) engine-env $(base_arg) $(if $(SMOKE),--smoke)
 
 test: ## everything CI runs: tooling tests, lint, check, verify
-	$(forktools) test $(base_arg)
+	$(forktools) test $(base_arg) $(jobs_arg)
 
 pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body
 	$(forktools) pr $(base_arg) --patch $(PATCH)

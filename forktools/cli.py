@@ -57,7 +57,7 @@ def cmd_verify(args) -> int:
     """Prove each commit's tests fail without it and pass with it."""
     from forktools import verify
 
-    return verify.main(_bases(args))
+    return verify.main(_bases(args), args.jobs)
 
 
 def cmd_lint(args) -> int:
@@ -185,6 +185,12 @@ BASE_DEFAULT = {
 }
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="python -m forktools",
@@ -223,6 +229,13 @@ def parser() -> argparse.ArgumentParser:
         help="first run each fix's tests on the new release without it (builds "
         "its test environment); all passing drops the patch as already upstream",
     )
+    for name in ("verify", "test"):
+        sub.choices[name].add_argument(
+            "--jobs",
+            type=_positive,
+            help="bases verified at once, each test run keeping about one core "
+            "busy (default: one per CPU, at most one per base)",
+        )
     engine_env = sub.choices["engine-env"]
     engine_env.add_argument(
         "--smoke",

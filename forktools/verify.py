@@ -10,6 +10,7 @@ bug back instead, ``patches/<base>/verify/<patch>.without-fix.diff``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -82,10 +83,15 @@ def _changed(tree: Path, commit: str, *pathspec: str) -> list[str]:
 
 
 def run_tests(
-    python: Path, tree: Path, nodeids: list[str], engine: Path | None = None
+    python: Path,
+    tree: Path,
+    nodeids: list[str],
+    engine: Path | None = None,
+    label: str = "",
 ) -> Outcome:
     """Run ``nodeids``; ``engine``, the base's CPU engine Python if it pins
-    one, is named to engine tests in VLLM_FORK_ENGINE_PYTHON."""
+    one, is named to engine tests in VLLM_FORK_ENGINE_PYTHON. Each output
+    line starts with ``[label]`` when given."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         env = dict(
@@ -109,7 +115,7 @@ def run_tests(
             "no:cacheprovider",
             *nodeids,
         ]
-        subprocess.run(command, cwd=tree, env=env, stdout=sys.stderr)
+        _run_labelled(command, tree, env, f"[{label}] " if label else "")
         records = json.loads(report.read_text()) if report.exists() else []
     return _summarize(records)
 
@@ -191,6 +197,25 @@ def without_fix(base: Base, entry: queue.Entry, worktree: Path, commit: str) -> 
     return f"reverted {', '.join(sources)}"
 
 
+def _run_labelled(
+    command: list[str], tree: Path, env: dict[str, str], label: str
+) -> None:
+    """Run ``command``, its output to stderr line by line, each line led by
+    ``label``, so that bases verified side by side stay readable."""
+    with subprocess.Popen(
+        command,
+        cwd=tree,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stderr.write(label + line)
+
+
 def verify_base(base: Base) -> list[Row]:
     tree = materialize.ensure(base)
     materialize.refuse_if_unexported(tree, f"verify {base.name}")
@@ -216,10 +241,10 @@ def _verify_commit(base, entry, commit, python, worktree, engine=None) -> Row:
         row.problem = "adds no test functions"
         return row
     print(f"verify: {base.name} {entry.name}: with the fix", file=sys.stderr)
-    row.with_fix = run_tests(python, worktree, nodeids, engine)
+    row.with_fix = run_tests(python, worktree, nodeids, engine, base.name)
     row.undone_by = without_fix(base, entry, worktree, commit)
     print(f"verify: {base.name} {entry.name}: {row.undone_by}", file=sys.stderr)
-    row.without_fix = run_tests(python, worktree, nodeids, engine)
+    row.without_fix = run_tests(python, worktree, nodeids, engine, base.name)
     row.seconds = time.monotonic() - started
     row.problem = _judge(row.with_fix, row.without_fix) or _judge_variants(
         row.with_fix, row.without_fix
@@ -338,11 +363,24 @@ def saved_row(base: Base, patch: str) -> dict | None:
     return next((row for row in data["rows"] if row["patch"] == patch), None)
 
 
-def main(bases: list[Base]) -> int:
-    rows = []
-    for base in bases:
+def default_jobs(bases: list[Base]) -> int:
+    """One base per CPU: each test run keeps about one core busy."""
+    return max(1, min(len(bases), os.cpu_count() or 1))
+
+
+def main(bases: list[Base], jobs: int | None = None) -> int:
+    """Verify ``bases``, ``jobs`` of them at a time (each in its own tree,
+    scratch worktree and environments); the table keeps their order."""
+
+    def verify_and_save(base: Base) -> list[Row]:
         base_rows = verify_base(base)
         _save(base, base_rows)
-        rows += base_rows
+        return base_rows
+
+    jobs = jobs or default_jobs(bases)
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        rows = [
+            row for base_rows in pool.map(verify_and_save, bases) for row in base_rows
+        ]
     print(table(rows) if rows else "verify: every queue is empty")
     return 0 if all(row.holds for row in rows) else 1

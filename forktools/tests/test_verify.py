@@ -1,3 +1,6 @@
+import threading
+from types import SimpleNamespace
+
 from forktools import verify
 from forktools.verify import Outcome
 
@@ -76,3 +79,20 @@ def test_judge_names_a_variant_that_does_not_bite():
         ("  [mega]", "", "2/2 passed", "1/2 failed"),
         ("  [split]", "", "2/2 passed", "1/2 failed"),
     ]
+
+
+def test_bases_are_verified_side_by_side_and_listed_in_order(monkeypatch, capsys):
+    # Each base only returns once both are in flight: run one after the
+    # other, the first would wait for the second and the barrier break.
+    both_running = threading.Barrier(2, timeout=30)
+    bases = [SimpleNamespace(name="v2.0.0"), SimpleNamespace(name="v1.0.0")]
+
+    def verify_base(base):
+        both_running.wait()
+        return [verify.Row(base.name, "0001-fix.patch", 1, None, None, 0.0)]
+
+    monkeypatch.setattr(verify, "verify_base", verify_base)
+    monkeypatch.setattr(verify, "_save", lambda base, rows: None)
+    assert verify.main(bases, jobs=2) == 0
+    table = capsys.readouterr().out
+    assert table.index("v2.0.0") < table.index("v1.0.0")
