@@ -377,6 +377,11 @@ def main(bases: list[Base], jobs: int | None = None) -> int:
         _save(base, base_rows)
         return base_rows
 
+    # Refuse before any base starts, not once a side-by-side one is done.
+    for base in bases:
+        materialize.refuse_if_unexported(
+            materialize.ensure(base), f"verify {base.name}"
+        )
     jobs = jobs or default_jobs(bases)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         rows = [

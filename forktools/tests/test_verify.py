@@ -93,6 +93,8 @@ def test_bases_are_verified_side_by_side_and_listed_in_order(monkeypatch, capsys
 
     monkeypatch.setattr(verify, "verify_base", verify_base)
     monkeypatch.setattr(verify, "_save", lambda base, rows: None)
+    monkeypatch.setattr(verify.materialize, "ensure", lambda base: base)
+    monkeypatch.setattr(verify.materialize, "refuse_if_unexported", lambda *a: None)
     assert verify.main(bases, jobs=2) == 0
     table = capsys.readouterr().out
     assert table.index("v2.0.0") < table.index("v1.0.0")
