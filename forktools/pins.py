@@ -48,12 +48,15 @@ class Substitution:
 @dataclass(frozen=True)
 class Engine:
     """A CPU build of vLLM whose compiled kernels run the fork tree's sources
-    in a real engine (``LLM(...)``) on this machine."""
+    in a real engine (``LLM(...)``) on this machine. ``kernels_only``: a build
+    of another release, whose requirements are not the base's, so only its
+    wheel is installed, over the base's test environment."""
 
     wheels: tuple[Artifact, ...]
     python: str
     substitutions: tuple[Substitution, ...]
     test_requirements: tuple[str, ...]
+    kernels_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,8 @@ def _substitution(base: str, entry: dict) -> Substitution:
 def _engine(base: str, entry: dict | None) -> Engine | None:
     if entry is None:
         return None
+    if entry.get("kernels-only"):
+        return _kernels_only_engine(base, entry)
     return Engine(
         wheels=tuple(_artifact(w) for w in entry["wheels"]),
         python=entry["python"],
@@ -152,6 +157,22 @@ def _engine(base: str, entry: dict | None) -> Engine | None:
             _substitution(base, item) for item in entry.get("substitutions", ())
         ),
         test_requirements=tuple(entry.get("test-requirements", ())),
+    )
+
+
+def _kernels_only_engine(base: str, entry: dict) -> Engine:
+    """An engine that installs its wheel alone over the base's test
+    environment, so it has that environment's Python and requirements."""
+    extra = {"python", "substitutions", "test-requirements"}.intersection(entry)
+    if extra:
+        raise ForkError(
+            f"{PIN_FILE.name}: [bases.{base!r}.engine] is kernels-only, so it "
+            "takes its Python and requirements from the base's test environment; "
+            f"remove {', '.join(sorted(extra))}"
+        )
+    wheels = tuple(_artifact(w) for w in entry["wheels"])
+    return Engine(
+        wheels, python="", substitutions=(), test_requirements=(), kernels_only=True
     )
 
 

