@@ -143,9 +143,14 @@ def make_venv(path: Path, python: str = sys.executable) -> None:
         )
 
 
+def pip_install(python: Path) -> list[str]:
+    """``pip install`` run by ``python``, as every environment here is filled."""
+    return [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+
+
 def install_commands(base: Base, python: Path, wheel: Path) -> list[list[str]]:
     """The pip commands that fill the environment."""
-    pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+    pip = pip_install(python)
     if not base.cpu_test_exclude:
         return [[*pip, str(wheel), *base.test_requirements]]
     kept = requirements_without(base, wheelmeta.read(wheel).install_requires)
@@ -292,7 +297,7 @@ def kernels_engine_commands(python: Path, wheel: Path, below: Path) -> list[list
     """The commands that fill a kernels-only engine environment: the wheel
     without its requirements, then the test environment ``below`` layered
     under it."""
-    pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+    pip = pip_install(python)
     return [
         [*pip, "--no-deps", str(wheel)],
         [str(python), "-c", _LAYER_OVER, str(below)],
@@ -326,7 +331,7 @@ def engine_install_commands(base: Base, python: Path, wheel: Path) -> list[list[
     requirements, substituted, with the engine's test requirements; then the
     wheel without its own (unsatisfiable as written) requirements."""
     assert base.engine is not None
-    pip = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+    pip = pip_install(python)
     requirements = substituted(base, wheelmeta.read(wheel).install_requires)
     return [
         [*pip, *requirements, *base.engine.test_requirements],
