@@ -3,6 +3,7 @@ PYTHON ?= python3
 BASE ?=
 base_arg = $(if $(BASE),--base $(BASE))
 jobs_arg = $(if $(JOBS),--jobs $(JOBS))
+proof_args = $(if $(FRESH),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
 forktools = $(PYTHON) -m forktools
 
 .PHONY: help fork export check status verify lint test venv engine pr bench rebase wheel
@@ -17,14 +18,14 @@ fork: ## materialize vllm/ and tests/ for BASE (default: upstream.toml's)
 export: ## write the fork tree's commits back into patches/<base>/
 	$(forktools) export $(base_arg)
 
-check: ## fail when patches/ and the fork trees disagree
+check: ## fail when patches/ and the fork trees disagree, or a proof ledger is stale
 	$(forktools) check $(base_arg)
 
 status: ## table: base, patch, subject, upstream status
 	$(forktools) status $(base_arg)
 
-verify: ## each commit: its tests pass with it, fail without it (JOBS=n bases at once)
-	$(forktools) verify $(base_arg) $(jobs_arg)
+verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT=n rows proved again; JOBS=n)
+	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args)
 
 lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)
@@ -39,7 +40,7 @@ engine: ## build the CPU engine environments (cached; SMOKE=1 runs the engine on
 	$(forktools) engine-env $(base_arg) $(if $(SMOKE),--smoke)
 
 test: ## everything CI runs: tooling tests, lint, check, verify
-	$(forktools) test $(base_arg) $(jobs_arg)
+	$(forktools) test $(base_arg) $(jobs_arg) $(proof_args)
 
 pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body
 	$(forktools) pr $(base_arg) --patch $(PATCH)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from forktools import engine, git, materialize, pins, tools, venv, verify
+from forktools import engine, git, materialize, pins, prove, tools, venv
 from forktools.pins import ROOT, Base, ForkError
 from forktools.table import render
 
@@ -77,7 +77,7 @@ def _progress(message: str) -> None:
 @contextmanager
 def checkout(tree: Path, revision: str):
     """A throwaway checkout of ``revision`` of a fork tree, wheel files linked."""
-    with verify.scratch_worktree(tree) as path:
+    with prove.checkout(tree) as path:
         git.run(path, "checkout", "--quiet", "--detach", revision)
         yield path
 
@@ -89,7 +89,7 @@ def run_script(
     env = dict(
         os.environ,
         VLLM_TARGET_DEVICE="cpu",
-        PYTHONPATH=os.pathsep.join([str(tree), str(verify.HARNESS)]),
+        PYTHONPATH=os.pathsep.join([str(tree), str(prove.HARNESS)]),
         HF_HUB_OFFLINE="1",
         **(extra_env or {}),
     )

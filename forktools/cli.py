@@ -37,12 +37,16 @@ def cmd_export(args) -> int:
 
 
 def cmd_check(args) -> int:
-    """Fail when patches/ and the fork trees disagree."""
-    found = [problem for base in _bases(args) for problem in check.problems(base)]
+    """Fail when patches/ and the fork trees disagree, or a proof ledger is stale."""
+    from forktools import ledger
+
+    found = []
+    for base in _bases(args):
+        found += check.problems(base) or ledger.stale(base)
     for problem in found:
         print(f"check: {problem}", file=sys.stderr)
     if not found:
-        print("check: patches/ and the fork trees agree")
+        print("check: patches/ and the fork trees agree; the proof ledgers are current")
     return 1 if found else 0
 
 
@@ -57,7 +61,13 @@ def cmd_verify(args) -> int:
     """Prove each commit's tests fail without it and pass with it."""
     from forktools import verify
 
-    return verify.main(_bases(args), args.jobs)
+    return verify.main(
+        _bases(args),
+        args.jobs,
+        fresh=args.fresh,
+        audit=args.audit,
+        seed=args.audit_seed,
+    )
 
 
 def cmd_lint(args) -> int:
@@ -191,6 +201,12 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(text)
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="python -m forktools",
@@ -230,11 +246,30 @@ def parser() -> argparse.ArgumentParser:
         "its test environment); all passing drops the patch as already upstream",
     )
     for name in ("verify", "test"):
-        sub.choices[name].add_argument(
+        command = sub.choices[name]
+        command.add_argument(
             "--jobs",
             type=_positive,
-            help="bases verified at once, each test run keeping about one core "
-            "busy (default: one per CPU, at most one per base)",
+            help="test runs at once, rows of every base side by side, each "
+            "keeping about one core busy (default: one per CPU)",
+        )
+        command.add_argument(
+            "--fresh",
+            action="store_true",
+            help="prove every row again, ignoring the proof ledger",
+        )
+        command.add_argument(
+            "--audit",
+            type=_count,
+            default=1,
+            help="reused ledger rows to prove again, picked at random, failing "
+            "when one differs from its record (default: 1)",
+        )
+        command.add_argument(
+            "--audit-seed",
+            type=_count,
+            help="the seed that picks the audited rows (default: a random one, "
+            "printed)",
         )
     engine_env = sub.choices["engine-env"]
     engine_env.add_argument(

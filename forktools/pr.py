@@ -16,7 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import git, materialize, pins, queue, upstream, verify
+from forktools import git, ledger, materialize, pins, queue, upstream, verify
+from forktools.ledger import Proof
 from forktools.pins import Base, ForkError
 
 # Reserved for examples and tests (RFC 2606, RFC 6761): nobody receives mail there.
@@ -87,9 +88,9 @@ def title(base: Base, number: int) -> str:
 
 def body(base: Base, number: int) -> str:
     """The pull-request body: the message's purpose, then how it was tested
-    (its saved ``make verify`` row; a note to run it where there is none)."""
+    (its proof ledger row; a note to run ``make verify`` where it has none)."""
     entry = _entry(base, number)
-    row = verify.saved_row(base, entry.name)
+    row = verify.saved_proof(base, entry.name)
     return "\n".join(
         [
             "## Purpose",
@@ -102,7 +103,7 @@ def body(base: Base, number: int) -> str:
             "",
             "## Test Result",
             "",
-            _result(row) if row else _unverified(base),
+            _result(base, row) if row else _unverified(base),
             "",
         ]
     )
@@ -133,35 +134,49 @@ def _purpose(mail_body: str) -> str:
     return "\n\n".join(paragraphs).strip()
 
 
-def _plan(row: dict) -> str:
+def _plan(row: Proof) -> str:
     return "\n".join(
         [
             "```bash",
             "VLLM_TARGET_DEVICE=cpu pytest -q \\",
-            " \\\n".join(f"    {nodeid}" for nodeid in row["nodeids"]),
+            " \\\n".join(f"    {nodeid}" for nodeid in row.inputs.tests),
             "```",
             "",
             "Run with the fix, and again with the fix undone "
-            f"({row['undone_by']}), tests kept.",
+            f"({row.undone_by}), tests kept.",
         ]
     )
 
 
 def _unverified(base: Base) -> str:
     return (
-        f"TODO: no `make verify` result for this queue yet; run "
+        f"TODO: no current proof ledger row for this patch; run "
         f"`make verify BASE={base.name}`, then `make pr` again."
     )
 
 
-def _result(row: dict) -> str:
-    with_fix, without = row["with_fix"], row["without_fix"]
-    total = with_fix["passed"] + with_fix["failed"]
-    kinds = ", ".join(without["failure_types"]) or "-"
-    return (
-        f"On vLLM {row['base']} (CPU): with the fix {with_fix['passed']}/{total} "
-        f"passed; without it {without['failed']}/{total} failed ({kinds}). "
-        f"{row['seconds']:.0f} s for both runs."
+def _result(base: Base, row: Proof) -> str:
+    """The patch's proof ledger row, quoted: its key, what was observed, when."""
+    with_fix, without = row.with_fix, row.without_fix
+    failures = [
+        f"- `{nodeid}`: {failure.splitlines()[0][:300]}"
+        for nodeid, failure in without.failures.items()
+    ]
+    return "\n".join(
+        [
+            f"On vLLM {base.version} (CPU), as recorded in the fork's proof "
+            f"ledger (`patches/{base.name}/{ledger.FILE}`, key `{row.key}`, "
+            f"proved {row.proved}):",
+            "",
+            f"- with the fix: {with_fix.passed}/{with_fix.total} passed",
+            f"- without it: {without.failed}/{without.total} failed "
+            f"({', '.join(sorted(without.failure_types)) or '-'}), "
+            f"{row.seconds:.0f} s",
+            "",
+            "Without the fix:",
+            "",
+            *failures,
+        ]
     )
 
 
@@ -189,7 +204,7 @@ def prepare(base: Base, number: int) -> Submission:
         branch=branch,
         tree=tree,
         signed_off_by=who,
-        verified=verify.saved_row(base, entry.name) is not None,
+        verified=verify.saved_proof(base, entry.name) is not None,
         newest=applies_to_newest(base, patch),
     )
 

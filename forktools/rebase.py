@@ -29,7 +29,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from forktools import download, git, materialize, pins, queue, venv, verify
+from forktools import download, git, materialize, pins, prove, queue, venv
 from forktools.pins import Artifact, Base, ForkError
 
 REPORT_MD = "REBASE.md"
@@ -325,21 +325,21 @@ def _pick(target: Base, tree: Path, result: Result) -> None:
 
 def _is_fix(source: Base, tree: Path, result: Result) -> bool:
     """Whether the patch changes sources, not only tests (which a probe needs)."""
-    test_only = verify.without_fix_diff(source, result.patch).exists()
-    return bool(verify.changed_sources(tree, result.commit)) and not test_only
+    test_only = prove.without_fix_diff(source, result.patch).exists()
+    return bool(prove.changed_sources(tree, result.commit)) and not test_only
 
 
 def _probe_tests(target: Base, tree: Path, result: Result) -> None:
     """Run the fix's tests on the new release without the fix (its test hunks
     only, on the queue replayed so far). All passing means upstream fixed it."""
-    nodeids = verify.added_tests(tree, result.commit)
+    nodeids = prove.added_tests(tree, result.commit)
     if not nodeids:
         result.evidence.append("adds no test functions: tests not probed")
         return
     diff = ("diff", f"{result.commit}^", result.commit, "--", "tests")
     tests = git.run(tree, *diff).stdout
     python = venv.ensure(target)
-    with verify.scratch_worktree(tree) as worktree:
+    with prove.checkout(tree) as worktree:
         problem = _apply_tests(worktree, tests, result)
         if problem:
             result.evidence.append(
@@ -348,9 +348,9 @@ def _probe_tests(target: Base, tree: Path, result: Result) -> None:
             )
             return
         print(f"rebase: {result.patch}: its tests without it", file=sys.stderr)
-        outcome = verify.run_tests(python, worktree, nodeids)
+        outcome = prove.run_tests(python, worktree, nodeids)
     counts = f"{outcome.passed} passed, {outcome.failed} failed of {len(nodeids)}"
-    other = sorted(outcome.failure_types - verify.ASSERTIONS)
+    other = sorted(outcome.failure_types - prove.ASSERTIONS)
     if other or outcome.errors or not outcome.passed + outcome.failed:
         problems = [f"failed with {', '.join(other)}"] if other else []
         result.evidence.append(
@@ -519,10 +519,10 @@ def _finish(source: Base, target: Base, tree: Path, results: list[Result]) -> No
 
 def _carry_verify_diff(source: Base, target: Base, tree: Path, result: Result) -> None:
     """Bring a test-only patch's without-fix diff along, and check it applies."""
-    old = verify.without_fix_diff(source, result.patch)
+    old = prove.without_fix_diff(source, result.patch)
     if not old.exists():
         return
-    new = verify.without_fix_diff(target, result.new_patch)
+    new = prove.without_fix_diff(target, result.new_patch)
     new.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(old, new)
     if git.apply_check(tree, "HEAD", new).returncode == 0:

@@ -1,54 +1,39 @@
 """``make verify``: each commit's tests pass with it and fail without it.
 
-For every commit of every queue, in a scratch worktree of the fork tree:
-run the test functions the commit adds with the whole queue applied (all
-must pass), then with the commit's non-test hunks reverted and its tests kept
-(at least one must fail, every failure through an assertion, and nothing may
-error in collection or setup). A test-only commit names a patch that puts the
-bug back instead, ``patches/<base>/verify/<patch>.without-fix.diff``.
+For every commit of every queue: the test functions it adds must all pass
+with the whole queue applied, and with the commit's source hunks reverted
+(its tests kept) at least one must fail, every failure through an assertion,
+nothing erroring in collection or setup. A test-only commit names a patch
+that puts the bug back instead, ``patches/<base>/verify/<patch>.without-fix.diff``.
+
+The with-fix half runs every time, one pytest session per base, so the tree
+that ships is always tested. The without-fix half is a fact about exact
+inputs, kept in the base's proof ledger (``forktools/ledger.py``) and proved
+again only when a row's key changed, or for every row with ``fresh``. Each run
+also proves ``audit`` reused rows again, picked at random, and fails naming
+any whose observation differs from its record. Runs are scheduled across the
+CPUs longest first, rows of all bases side by side.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import json
+import datetime
 import os
-import re
-import shutil
-import subprocess
+import random
 import sys
-import tempfile
 import time
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools import git, materialize, queue, venv
-from forktools.pins import ROOT, Base, ForkError
+from forktools import ledger, materialize, prove, venv
+from forktools.ledger import Ledger, Proof, Subject
+from forktools.pins import Base, ForkError
+from forktools.prove import ASSERTIONS, Outcome, variant_of
 from forktools.table import render
 
-HARNESS = ROOT / "forktools" / "harness"
-ASSERTIONS = {"AssertionError", "Failed"}
-_ADDED_TEST = re.compile(r"^\+def (test_\w+)\(", re.MULTILINE)
-
-
-@dataclass
-class Outcome:
-    passed: int
-    failed: int
-    errors: list[str]
-    failure_types: set[str]
-    # Call-phase outcome ("passed", "failed", ...) of each parametrized case.
-    calls: dict[str, str] = field(default_factory=dict)
-
-    def variant_counts(self, variant: str) -> tuple[int, int]:
-        """(passed, failed) of the cases run under ``variant``."""
-        outcomes = [o for n, o in self.calls.items() if variant_of(n) == variant]
-        return outcomes.count("passed"), outcomes.count("failed")
-
-    @property
-    def total(self) -> int:
-        return self.passed + self.failed
+UNKNOWN_SECONDS = {"with": 900.0, "without": 300.0}
 
 
 @dataclass
@@ -62,199 +47,260 @@ class Row:
     problem: str = ""
     nodeids: list[str] = field(default_factory=list)
     undone_by: str = ""
+    # How the without-fix half was had: "proved in N s", "reused (key ...)".
+    proof: str = ""
 
     @property
     def holds(self) -> bool:
         return not self.problem
 
 
-def added_tests(tree: Path, commit: str) -> list[str]:
-    """Node ids of the top-level test functions that ``commit`` adds."""
-    nodeids = []
-    for path in _changed(tree, commit, "tests"):
-        diff = git.out(tree, "show", "--format=", commit, "--", path)
-        nodeids += [f"{path}::{name}" for name in _ADDED_TEST.findall(diff)]
-    return nodeids
+@dataclass
+class Planned:
+    """A row of this run: its subject, its inputs and the record it has."""
+
+    subject: Subject
+    inputs: ledger.Inputs
+    recorded: Proof | None
+    why: str  # why it is proved again; "" when its record is reused
+    audited: bool = False
+    observed: Outcome | None = None
+    seconds: float = 0.0
+
+    @property
+    def proves(self) -> bool:
+        return bool(self.why) or self.audited
 
 
-def _changed(tree: Path, commit: str, *pathspec: str) -> list[str]:
-    names = git.out(tree, "diff", "--name-only", f"{commit}^", commit, "--", *pathspec)
-    return names.splitlines()
+@dataclass
+class BaseRun:
+    base: Base
+    tree: Path
+    python: Path
+    engine: Path | None
+    tree_with_fix: str
+    environments: dict[str, list[str]]
+    ledger: Ledger
+    planned: list[Planned | ForkError] = field(default_factory=list)
+    with_fix: Outcome | None = None
+    with_fix_seconds: float = 0.0
+
+    @property
+    def tests(self) -> list[str]:
+        return [n for p in self.rows() for n in p.subject.tests]
+
+    def rows(self) -> list[Planned]:
+        return [p for p in self.planned if isinstance(p, Planned)]
 
 
-def run_tests(
-    python: Path,
-    tree: Path,
-    nodeids: list[str],
-    engine: Path | None = None,
-    label: str = "",
-) -> Outcome:
-    """Run ``nodeids``; ``engine``, the base's CPU engine Python if it pins
-    one, is named to engine tests in VLLM_FORK_ENGINE_PYTHON. Each output
-    line starts with ``[label]`` when given."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "report.json"
-        env = dict(
-            os.environ,
-            VLLM_TARGET_DEVICE="cpu",
-            PYTHONPATH=os.pathsep.join([str(tree), str(HARNESS)]),
-            VLLM_FORK_REPORT=str(report),
-            VLLM_CACHE_ROOT=str(Path(tmp) / "vllm-cache"),
-            HF_HUB_OFFLINE="1",
-        )
-        if engine is not None:
-            env["VLLM_FORK_ENGINE_PYTHON"] = str(engine)
-        command = [
-            str(python),
-            "-m",
-            "pytest",
-            "-p",
-            "vllm_fork_report",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            *nodeids,
-        ]
-        _run_labelled(command, tree, env, f"[{label}] " if label else "")
-        records = json.loads(report.read_text()) if report.exists() else []
-    return _summarize(records)
+@dataclass
+class Job:
+    estimate: float
+    run: Callable[[], None]
 
 
-def variant_of(nodeid: str) -> str:
-    """The first parametrization id of a test (``t[mega-empty]`` -> ``mega``),
-    which a fixture-level parameter such as the artifact format comes first
-    in; ``""`` for a test without one."""
-    _, bracket, ids = nodeid.partition("[")
-    return ids.rstrip("]").split("-")[0] if bracket else ""
-
-
-def _summarize(records: list[dict]) -> Outcome:
-    outcome = Outcome(0, 0, [], set())
-    for record in records:
-        if record["when"] == "call":
-            outcome.calls[record["nodeid"]] = record["outcome"]
-            if record["outcome"] == "passed":
-                outcome.passed += 1
-            elif record["outcome"] == "failed":
-                outcome.failed += 1
-                outcome.failure_types.add(record["exception"])
-            else:
-                outcome.errors.append(f"{record['nodeid']} skipped")
-        elif record["outcome"] != "passed":
-            outcome.errors.append(
-                f"{record['nodeid']} {record['outcome']} in {record['when']}"
-                f" ({record['exception']})"
-            )
-    if not records:
-        outcome.errors.append("pytest wrote no report")
-    return outcome
-
-
-@contextmanager
-def scratch_worktree(tree: Path):
-    """A throwaway checkout of the tree's HEAD, with the wheel's files linked."""
-    path = Path(tempfile.mkdtemp(prefix="vllm-fork-verify-"))
-    shutil.rmtree(path)
-    git.run(tree, "worktree", "add", "--detach", "--quiet", str(path), "HEAD")
-    try:
-        for name in materialize.wheel_files(tree):
-            (path / name).parent.mkdir(parents=True, exist_ok=True)
-            (path / name).symlink_to(tree / name)
-        shutil.copy(tree / materialize.VERSION_FILE, path / materialize.VERSION_FILE)
-        yield path
-    finally:
-        git.run(tree, "worktree", "remove", "--force", str(path), check=False)
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def without_fix_diff(base: Base, patch: str) -> Path:
-    """Where a test-only patch keeps the diff that puts its bug back."""
-    return base.patch_dir / "verify" / f"{patch}.without-fix.diff"
-
-
-def changed_sources(tree: Path, commit: str) -> list[str]:
-    """The files other than tests that ``commit`` changes."""
-    return [p for p in _changed(tree, commit) if not p.startswith("tests/")]
-
-
-def without_fix(base: Base, entry: queue.Entry, worktree: Path, commit: str) -> str:
-    """Undo the fix in ``worktree``; returns a description of what was done."""
-    bug = without_fix_diff(base, entry.name)
-    if bug.exists():
-        git.run(worktree, "apply", str(bug))
-        return f"applied {bug.relative_to(ROOT)}"
-    sources = changed_sources(worktree, commit)
-    if not sources:
-        raise ForkError(
-            f"patches/{base.name}/{entry.name} changes only tests; add "
-            f"{bug.relative_to(ROOT)} that puts the bug back, so verify can "
-            "show the tests fail without the fix"
-        )
-    diff = git.run(worktree, "diff", f"{commit}^", commit, "--", *sources).stdout
-    subprocess.run(
-        ["git", "-C", str(worktree), "apply", "-R"], input=diff, text=True, check=True
-    )
-    return f"reverted {', '.join(sources)}"
-
-
-def _run_labelled(
-    command: list[str], tree: Path, env: dict[str, str], label: str
-) -> None:
-    """Run ``command``, its output to stderr line by line, each line led by
-    ``label``, so that bases verified side by side stay readable."""
-    with subprocess.Popen(
-        command,
-        cwd=tree,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-    ) as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stderr.write(label + line)
-
-
-def verify_base(base: Base) -> list[Row]:
-    """The base's rows; ``main`` has refused unexported edits already."""
+def prepare(base: Base, fresh: bool) -> BaseRun:
+    """The base's tree, environments and ledger, and what each row needs."""
     tree = materialize.ensure(base)
-    entries = queue.entries(base)
-    if not entries:
-        return []
     python = venv.ensure(base)
     engine = venv.ensure_engine(base)
-    commits = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
-    rows = []
-    with scratch_worktree(tree) as worktree:
-        for entry, commit in zip(entries, commits, strict=True):
-            rows.append(_verify_commit(base, entry, commit, python, worktree, engine))
-            git.run(worktree, "reset", "--hard", "--quiet", "HEAD")
+    environments = {"test": prove.locked_set(python)}
+    if engine is not None:
+        environments["engine"] = prove.locked_set(engine)
+    run = BaseRun(
+        base,
+        tree,
+        python,
+        engine,
+        prove.tree_with_fix(tree),
+        environments,
+        ledger.load(base),
+    )
+    environment = ledger.environment_digest(base, environments)
+    for subject in ledger.subjects(base, tree):
+        if isinstance(subject, ForkError):
+            run.planned.append(subject)
+            continue
+        inputs = subject.inputs(run.tree_with_fix, environment)
+        recorded = run.ledger.proofs.get(subject.entry.name)
+        run.planned.append(
+            Planned(subject, inputs, recorded, _why(inputs, recorded, fresh))
+        )
+    return run
+
+
+def _why(inputs: ledger.Inputs, recorded: Proof | None, fresh: bool) -> str:
+    if fresh:
+        return "FRESH=1"
+    if recorded is None:
+        return "no row in the ledger"
+    if recorded.key != inputs.key:
+        return "changed: " + "; ".join(inputs.changed(recorded.inputs))
+    return ""
+
+
+def pick_audits(runs: list[BaseRun], count: int, seed: int) -> list[Planned]:
+    """``count`` reused rows, at random, to prove again."""
+    reused = [p for run in runs for p in run.rows() if not p.why and p.subject.tests]
+    picked = random.Random(seed).sample(reused, min(count, len(reused)))
+    for planned in picked:
+        planned.audited = True
+    return picked
+
+
+def jobs_for(runs: list[BaseRun]) -> list[Job]:
+    """Every test run, longest expected first."""
+    jobs = []
+    for run in runs:
+        if run.tests:
+            estimate = run.ledger.with_fix_seconds or UNKNOWN_SECONDS["with"]
+            jobs.append(Job(estimate, lambda run=run: _run_with_fix(run)))
+        for planned in run.rows():
+            if planned.proves and planned.subject.tests:
+                recorded = planned.recorded
+                estimate = recorded.seconds if recorded else UNKNOWN_SECONDS["without"]
+                jobs.append(
+                    Job(estimate, lambda r=run, p=planned: _run_without_fix(r, p))
+                )
+    return sorted(jobs, key=lambda job: -job.estimate)
+
+
+def _run_with_fix(run: BaseRun) -> None:
+    name = run.base.name
+    print(f"verify: {name}: {len(run.tests)} test(s) with every fix", file=sys.stderr)
+    started = time.monotonic()
+    with prove.checkout(run.tree) as worktree:
+        run.with_fix = prove.run_tests(
+            run.python, worktree, run.tests, run.engine, f"{name} with fixes"
+        )
+    run.with_fix_seconds = time.monotonic() - started
+
+
+def _run_without_fix(run: BaseRun, planned: Planned) -> None:
+    subject = planned.subject
+    label = f"{run.base.name} {subject.entry.name[:4]} without"
+    doing = "auditing" if planned.audited else f"proving ({planned.why})"
+    print(f"verify: {label}: {doing}; {subject.undone_by}", file=sys.stderr)
+    started = time.monotonic()
+    with prove.checkout(run.tree, subject.tree_without_fix) as worktree:
+        planned.observed = prove.run_tests(
+            run.python, worktree, subject.tests, run.engine, label
+        )
+    planned.seconds = time.monotonic() - started
+
+
+def execute(jobs: list[Job], workers: int) -> None:
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for future in [pool.submit(job.run) for job in jobs]:
+            future.result()
+
+
+def conclude(run: BaseRun, today: str) -> list[Row]:
+    """The base's rows, judged; the ledger updated with what was proved."""
+    rows, proofs = [], {}
+    for planned in run.planned:
+        if isinstance(planned, ForkError):
+            rows.append(Row(run.base.name, "?", 0, None, None, 0.0, str(planned)))
+            continue
+        row, proof = _conclude_row(run, planned, today)
+        rows.append(row)
+        if proof is not None:
+            proofs[proof.patch] = proof
+    run.ledger.proofs = proofs
+    run.ledger.environments = run.environments
+    run.ledger.problems = []
+    if run.with_fix is not None:
+        run.ledger.with_fix_seconds = run.with_fix_seconds
     return rows
 
 
-def _verify_commit(base, entry, commit, python, worktree, engine=None) -> Row:
-    started = time.monotonic()
-    nodeids = added_tests(worktree, commit)
-    row = Row(base.name, entry.name, len(nodeids), None, None, 0.0, nodeids=nodeids)
-    if not nodeids:
-        row.problem = "adds no test functions"
-        return row
-    print(f"verify: {base.name} {entry.name}: with the fix", file=sys.stderr)
-    row.with_fix = run_tests(python, worktree, nodeids, engine, base.name)
-    row.undone_by = without_fix(base, entry, worktree, commit)
-    print(f"verify: {base.name} {entry.name}: {row.undone_by}", file=sys.stderr)
-    row.without_fix = run_tests(python, worktree, nodeids, engine, base.name)
-    row.seconds = time.monotonic() - started
-    row.problem = _judge(row.with_fix, row.without_fix) or _judge_variants(
-        row.with_fix, row.without_fix
+def _conclude_row(
+    run: BaseRun, planned: Planned, today: str
+) -> tuple[Row, Proof | None]:
+    subject = planned.subject
+    row = Row(
+        run.base.name,
+        subject.entry.name,
+        len(subject.tests),
+        None,
+        None,
+        0.0,
+        nodeids=subject.tests,
+        undone_by=subject.undone_by,
     )
-    return row
+    if not subject.tests:
+        row.problem = "adds no test functions"
+        return row, None
+    assert run.with_fix is not None
+    row.with_fix = run.with_fix.of_tests(subject.tests)
+    recorded = planned.recorded
+    if planned.why:
+        assert planned.observed is not None
+        row.without_fix, row.seconds = planned.observed, planned.seconds
+        row.proof = f"proved in {planned.seconds:.0f} s"
+        proof = Proof(
+            subject.entry.name,
+            planned.inputs,
+            subject.undone_by,
+            row.with_fix,
+            planned.observed,
+            today,
+            planned.seconds,
+        )
+        row.problem = _judge(row.with_fix, row.without_fix)
+        bites = not _judge_without(row.with_fix, row.without_fix)
+        return row, proof if bites else None
+    assert recorded is not None
+    row.without_fix, row.seconds = recorded.without_fix, recorded.seconds
+    row.proof = f"reused (key {recorded.key[: ledger.KEY_SHOWN]}, {recorded.proved})"
+    row.problem = _judge(row.with_fix, row.without_fix)
+    if planned.audited:
+        assert planned.observed is not None
+        row.proof = f"audited in {planned.seconds:.0f} s: " + row.proof
+        differs = _differences(recorded.without_fix, planned.observed)
+        if differs:
+            row.problem = (
+                f"audit of the row with key {recorded.key[: ledger.KEY_SHOWN]}: "
+                f"proved again without the fix, {differs}; find out why, then "
+                f"`make verify FRESH=1 BASE={run.base.name}`"
+            )
+    return row, recorded
+
+
+def _differences(recorded: Outcome, observed: Outcome) -> str:
+    """How ``observed`` differs from ``recorded``, in words; "" if it does not."""
+    then, now = recorded.facts(), observed.facts()
+    for nodeid in sorted(set(then["calls"]) | set(now["calls"])):
+        if _fact(then, nodeid) != _fact(now, nodeid):
+            return (
+                f"{nodeid} {_fact(now, nodeid)}, the ledger says {_fact(then, nodeid)}"
+            )
+    if then["errors"] != now["errors"]:
+        return f"errors {now['errors']}, the ledger says {then['errors']}"
+    return ""
+
+
+def _fact(facts: dict, nodeid: str) -> str:
+    outcome = facts["calls"].get(nodeid, "not run")
+    kind = facts["failure_types"].get(nodeid)
+    return f"{outcome} ({kind})" if kind else outcome
 
 
 def _judge(with_fix: Outcome, without: Outcome) -> str:
+    return _judge_with(with_fix) or _judge_without(with_fix, without)
+
+
+def _judge_with(with_fix: Outcome) -> str:
     if with_fix.errors or with_fix.failed or not with_fix.passed:
-        return f"with the fix: {with_fix.failed} failed; {'; '.join(with_fix.errors)}"
+        failed = ", ".join(f"{n}: {f[:200]}" for n, f in with_fix.failures.items())
+        return (
+            f"with the fix: {with_fix.failed} failed{': ' + failed if failed else ''}"
+            f"; {'; '.join(with_fix.errors)}"
+        )
+    return ""
+
+
+def _judge_without(with_fix: Outcome, without: Outcome) -> str:
     if without.errors:
         return f"without the fix: {'; '.join(without.errors)}"
     if not without.failed:
@@ -262,7 +308,7 @@ def _judge(with_fix: Outcome, without: Outcome) -> str:
     if not without.failure_types <= ASSERTIONS:
         kinds = ", ".join(sorted(without.failure_types - ASSERTIONS))
         return f"without the fix the tests fail with {kinds}, not an assertion"
-    return ""
+    return _judge_variants(with_fix, without)
 
 
 def _judge_variants(with_fix: Outcome, without: Outcome) -> str:
@@ -279,7 +325,7 @@ def _judge_variants(with_fix: Outcome, without: Outcome) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    lines = [("base", "patch", "tests", "with fix", "without fix", "seconds", "holds")]
+    lines = [("base", "patch", "tests", "with fix", "without fix", "proof", "holds")]
     for row in rows:
         lines.append(
             (
@@ -288,7 +334,7 @@ def table(rows: list[Row]) -> str:
                 str(row.tests),
                 _ratio(row.with_fix, "passed"),
                 _ratio(row.without_fix, "failed"),
-                f"{row.seconds:.0f}",
+                row.proof or "-",
                 "yes" if row.holds else f"NO: {row.problem}",
             )
         )
@@ -334,58 +380,55 @@ def _ratio(outcome: Outcome | None, field: str) -> str:
     return f"{getattr(outcome, field)}/{outcome.total} {field}"
 
 
-def results_file(base: Base) -> Path:
-    return materialize.tree_dir(base).parent.parent / "verify" / f"{base.name}.json"
+def default_jobs() -> int:
+    """One test run per CPU: each keeps about one core busy."""
+    return os.cpu_count() or 1
 
 
-def _save(base: Base, rows: list[Row]) -> None:
-    path = results_file(base)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows_data = []
-    for row in rows:
-        data = asdict(row)
-        for key in ("with_fix", "without_fix"):
-            if data[key]:
-                data[key]["failure_types"] = sorted(data[key]["failure_types"])
-        rows_data.append(data)
-    data = {"queue": queue.queue_id(base), "rows": rows_data}
-    path.write_text(json.dumps(data, indent=1) + "\n")
-
-
-def saved_row(base: Base, patch: str) -> dict | None:
-    """The last verify result of ``patch``, if made on the current queue."""
-    path = results_file(base)
-    if not path.exists():
-        return None
-    data = json.loads(path.read_text())
-    if data["queue"] != queue.queue_id(base):
-        return None
-    return next((row for row in data["rows"] if row["patch"] == patch), None)
-
-
-def default_jobs(bases: list[Base]) -> int:
-    """One base per CPU: each test run keeps about one core busy."""
-    return max(1, min(len(bases), os.cpu_count() or 1))
-
-
-def main(bases: list[Base], jobs: int | None = None) -> int:
-    """Verify ``bases``, ``jobs`` of them at a time (each in its own tree,
-    scratch worktree and environments); the table keeps their order."""
-
-    def verify_and_save(base: Base) -> list[Row]:
-        base_rows = verify_base(base)
-        _save(base, base_rows)
-        return base_rows
-
-    # Refuse before any base starts, not once a side-by-side one is done.
+def main(
+    bases: list[Base],
+    jobs: int | None = None,
+    *,
+    fresh: bool = False,
+    audit: int = 1,
+    seed: int | None = None,
+) -> int:
+    """Verify ``bases``: ``jobs`` test runs at a time, rows of every base side
+    by side; the table keeps the bases' order."""
+    # Refuse before anything runs, not once another base's rows are done.
     for base in bases:
         materialize.refuse_if_unexported(
             materialize.ensure(base), f"verify {base.name}"
         )
-    jobs = jobs or default_jobs(bases)
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        rows = [
-            row for base_rows in pool.map(verify_and_save, bases) for row in base_rows
-        ]
+    runs = [prepare(base, fresh) for base in bases]
+    for run in runs:
+        for planned in run.rows():
+            if planned.why:
+                print(
+                    f"verify: {run.base.name} {planned.subject.entry.name}: to "
+                    f"prove ({planned.why})",
+                    file=sys.stderr,
+                )
+    seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+    audited = pick_audits(runs, audit, seed)
+    if audited:
+        names = ", ".join(f"{p.subject.entry.name[:4]}" for p in audited)
+        print(
+            f"verify: auditing {names} (seed {seed}; AUDIT_SEED={seed} repeats it)",
+            file=sys.stderr,
+        )
+    execute(jobs_for(runs), jobs or default_jobs())
+    today = datetime.date.today().isoformat()
+    rows = []
+    for run in runs:
+        rows += conclude(run, today)
+        ledger.save(run.base, run.ledger)
     print(table(rows) if rows else "verify: every queue is empty")
     return 0 if all(row.holds for row in rows) else 1
+
+
+def saved_proof(base: Base, patch: str) -> Proof | None:
+    """The ledger's row of ``patch``, if the ledger is current (as ``make
+    check`` tells, the environment aside)."""
+    proof = ledger.load(base).proofs.get(patch)
+    return None if proof is None or ledger.stale(base) else proof

@@ -1,7 +1,9 @@
-"""pytest plugin: write each test phase's outcome and exception type as JSON.
+"""pytest plugin: write each test phase's outcome and exception as JSON.
 
 ``make verify`` needs to tell an assertion failure from an import, fixture or
-collection error; junit XML does not record the exception type.
+collection error, and its ledger keeps what each failure said; junit XML does
+not record the exception type. It only reads pytest's reports, so it cannot
+change an outcome.
 """
 
 import json
@@ -9,6 +11,7 @@ import os
 
 import pytest
 
+MESSAGE_LIMIT = 600
 _records = []
 
 
@@ -22,8 +25,17 @@ def pytest_runtest_makereport(item, call):
             "when": report.when,
             "outcome": report.outcome,
             "exception": call.excinfo.typename if call.excinfo else None,
+            "message": _message(call.excinfo),
         }
     )
+
+
+def _message(excinfo) -> str:
+    """The exception's message, cut to what a ledger row can carry."""
+    if excinfo is None:
+        return ""
+    text = str(excinfo.value).strip()
+    return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT] + " [...]"
 
 
 def pytest_collectreport(report):

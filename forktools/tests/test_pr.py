@@ -1,11 +1,12 @@
 import platform
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from forktools import cli, export, materialize, pr, verify
+from forktools import cli, export, ledger, materialize, pr, venv, verify
 from forktools.pins import ForkError
-from forktools.verify import Outcome, Row
 
 from .conftest import CORE, git, publish, sha256
 
@@ -21,8 +22,11 @@ Co-authored-by: Grace Hopper <grace@navy.mil>"""
 ADA = "Ada Lovelace <ada@lovelace.dev>"
 
 
-def _queue_of_one(project) -> str:
+def _queue_of_one(project, test: str = "") -> str:
     materialize.ensure(project.base)
+    if test:
+        (project.tree / "tests/test_layer_3.py").write_text(test)
+        git(project.tree, "add", "tests/test_layer_3.py")
     text = (project.tree / "vllm/core.py").read_text()
     project.commit("vllm/core.py", text.replace("return 3\n", "return 33\n"), MESSAGE)
     [name] = export.export(project.base)
@@ -49,26 +53,22 @@ def _git(tree, *args: str) -> str:
     ).stdout
 
 
-def test_pr_body_comes_from_message_and_verify_row(project):
-    name = _queue_of_one(project)
-    row = Row(
-        project.base.name,
-        name,
-        1,
-        Outcome(1, 0, [], set()),
-        Outcome(0, 1, [], {"AssertionError"}),
-        12.0,
-        nodeids=["tests/test_core.py::test_layer"],
-        undone_by="reverted vllm/core.py",
-    )
-    verify._save(project.base, [row])
+def test_pr_body_comes_from_message_and_quotes_the_ledger_row(project, monkeypatch):
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+    monkeypatch.setattr(venv, "ensure_engine", lambda base: None)
+    test = "def test_layer_3():\n    from vllm import core\n\n    assert core.layer_3() == 33\n"
+    _queue_of_one(project, test)
+    assert verify.main([project.base], audit=0) == 0
+    proof = ledger.load(project.base).proofs[export.export(project.base)[0]]
     assert pr.title(project.base, 1) == "[Bugfix][Core] Make layer 3 return 33"
     text = pr.body(project.base, 1)
     assert text.startswith("## Purpose\n\nLayer 3 returned 3")
     assert "Upstream status: not upstream.\n\n## Test Plan" in text
     assert "Signed-off-by" not in text and "Upstream-Status" not in text
-    assert "    tests/test_core.py::test_layer" in text
-    assert "with the fix 1/1 passed; without it 1/1 failed (AssertionError)" in text
+    assert "    tests/test_layer_3.py::test_layer_3" in text
+    assert f"key `{proof.key}`, proved {proof.proved}" in text
+    assert "- with the fix: 1/1 passed\n- without it: 1/1 failed (AssertionError)" in text
+    assert "- `tests/test_layer_3.py::test_layer_3`: AssertionError: assert 3 == 33" in text
 
 
 def test_pr_body_without_verify_row_says_to_run_it(project):

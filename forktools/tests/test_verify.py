@@ -1,49 +1,79 @@
-import threading
-from types import SimpleNamespace
+import json
+import shutil
+import sys
+from pathlib import Path
 
-from forktools import verify
-from forktools.verify import Outcome
+import pytest
+
+from forktools import export, ledger, materialize, prove, venv, verify
+from forktools.prove import Outcome
+
+from .conftest import git
+
+LAYER_3 = "def test_layer_3():\n    from vllm import core\n\n    assert core.layer_3() == 33\n"
+LAYER_5 = "def test_layer_5():\n    from vllm import core\n\n    assert core.layer_5() == 55\n"
+AGAIN = "def test_layer_3_again():\n    from vllm import core\n\n    assert core.layer_3() != 3\n"
 
 
-def _outcome(passed=0, failed=0, errors=(), types=()):
-    return Outcome(passed, failed, list(errors), set(types))
+def _outcome(calls: dict[str, str], kind: str = "AssertionError") -> Outcome:
+    failures = {n: f"{kind}: assert 3 == 33" for n, o in calls.items() if o == "failed"}
+    return Outcome(calls, failures, [])
 
 
 def test_judge_accepts_assertion_failures_without_fix():
-    assert verify._judge(_outcome(passed=2), _outcome(failed=1, passed=1,
-                         types={"AssertionError"})) == ""
+    with_fix = _outcome({"a": "passed", "b": "passed"})
+    assert verify._judge(with_fix, _outcome({"a": "failed", "b": "passed"})) == ""
 
 
 def test_judge_rejects_import_errors_without_fix():
-    problem = verify._judge(_outcome(passed=1), _outcome(failed=1, types={"ImportError"}))
+    problem = verify._judge(_outcome({"a": "passed"}), _outcome({"a": "failed"}, "ImportError"))
     assert "ImportError" in problem
 
 
 def test_judge_rejects_tests_that_do_not_bite():
-    assert "do not bite" in verify._judge(_outcome(passed=1), _outcome(passed=1))
+    assert "do not bite" in verify._judge(_outcome({"a": "passed"}), _outcome({"a": "passed"}))
 
 
-def test_judge_rejects_collection_errors_and_skips():
-    assert verify._judge(_outcome(passed=1), _outcome(errors=["x error in collect"]))
-    assert verify._judge(_outcome(errors=["x skipped"]), _outcome(failed=1))
+def test_judge_rejects_collection_errors_skips_and_failures_with_the_fix():
+    errored = Outcome({}, {}, ["x error in collect"])
+    assert verify._judge(_outcome({"a": "passed"}), errored)
+    skipped = Outcome({"a": "skipped"}, {}, ["a skipped"])
+    assert verify._judge(skipped, _outcome({"a": "failed"}))
+    problem = verify._judge(_outcome({"a": "failed"}), _outcome({"a": "failed"}))
+    assert "with the fix: 1 failed: a: AssertionError: assert 3 == 33" in problem
 
 
-def test_summarize_counts_phases():
+def test_summarize_keeps_each_failure_and_phase_error():
     records = [
         {"nodeid": "a", "when": "setup", "outcome": "passed", "exception": None},
-        {"nodeid": "a", "when": "call", "outcome": "failed", "exception": "AssertionError"},
+        {"nodeid": "a", "when": "call", "outcome": "failed",
+         "exception": "AssertionError", "message": "assert 1 == 2"},
         {"nodeid": "b", "when": "setup", "outcome": "failed", "exception": "KeyError"},
     ]
-    outcome = verify._summarize(records)
+    outcome = prove.summarize(records)
     assert (outcome.passed, outcome.failed) == (0, 1)
+    assert outcome.failures == {"a": "AssertionError: assert 1 == 2"}
     assert outcome.failure_types == {"AssertionError"}
     assert outcome.errors == ["b failed in setup (KeyError)"]
 
 
+def test_a_session_outcome_splits_into_each_rows_part():
+    session = Outcome(
+        {"t.py::test_a[x]": "passed", "t.py::test_ab": "failed", "u.py::test_c": "passed"},
+        {"t.py::test_ab": "AssertionError: no"},
+        ["u.py::test_c failed in teardown (OSError)", "v.py error in collect (None)"],
+    )
+    mine = session.of_tests(["t.py::test_a", "v.py::test_d"])
+    assert mine.calls == {"t.py::test_a[x]": "passed"}
+    assert mine.failures == {}
+    assert mine.errors == ["v.py error in collect (None)"]
+    assert session.of_tests(["u.py::test_c"]).errors == [session.errors[0]]
+
+
 def test_variant_is_the_first_parametrization_id():
-    assert verify.variant_of("t.py::test_a[mega-empty]") == "mega"
-    assert verify.variant_of("t.py::test_a[split]") == "split"
-    assert verify.variant_of("t.py::test_a") == ""
+    assert prove.variant_of("t.py::test_a[mega-empty]") == "mega"
+    assert prove.variant_of("t.py::test_a[split]") == "split"
+    assert prove.variant_of("t.py::test_a") == ""
 
 
 def test_shared_variants_are_those_of_several_test_functions():
@@ -59,19 +89,17 @@ def test_shared_variants_are_those_of_several_test_functions():
 
 
 def test_judge_names_a_variant_that_does_not_bite():
-    with_fix = _outcome(passed=4)
-    with_fix.calls = {
+    calls = {
         "t.py::test_a[mega]": "passed",
         "t.py::test_b[mega]": "passed",
         "t.py::test_a[split]": "passed",
         "t.py::test_b[split]": "passed",
     }
-    without = _outcome(passed=3, failed=1, types={"AssertionError"})
-    without.calls = {**with_fix.calls, "t.py::test_a[mega]": "failed"}
+    with_fix = _outcome(calls)
+    without = _outcome({**calls, "t.py::test_a[mega]": "failed"})
+    assert "[split]" in verify._judge(with_fix, without)
+    without = _outcome({**without.calls, "t.py::test_b[split]": "failed"})
     assert verify._judge(with_fix, without) == ""
-    assert "[split]" in verify._judge_variants(with_fix, without)
-    without.calls["t.py::test_b[split]"] = "failed"
-    assert verify._judge_variants(with_fix, without) == ""
     lines = verify._variant_lines(
         verify.Row("b", "p", 2, with_fix, without, 1.0, nodeids=["t.py::test_a"])
     )
@@ -81,20 +109,152 @@ def test_judge_names_a_variant_that_does_not_bite():
     ]
 
 
-def test_bases_are_verified_side_by_side_and_listed_in_order(monkeypatch, capsys):
-    # Each base only returns once both are in flight: run one after the
-    # other, the first would wait for the second and the barrier break.
-    both_running = threading.Barrier(2, timeout=30)
-    bases = [SimpleNamespace(name="v2.0.0"), SimpleNamespace(name="v1.0.0")]
+# The ledger, end to end on a miniature release: two fixes and a test-only
+# patch whose without-fix diff puts the first bug back.
 
-    def verify_base(base):
-        both_running.wait()
-        return [verify.Row(base.name, "0001-fix.patch", 1, None, None, 0.0)]
 
-    monkeypatch.setattr(verify, "verify_base", verify_base)
-    monkeypatch.setattr(verify, "_save", lambda base, rows: None)
-    monkeypatch.setattr(verify.materialize, "ensure", lambda base: base)
-    monkeypatch.setattr(verify.materialize, "refuse_if_unexported", lambda *a: None)
-    assert verify.main(bases, jobs=2) == 0
-    table = capsys.readouterr().out
-    assert table.index("v2.0.0") < table.index("v1.0.0")
+def _fix(project, layer: int, test: str) -> None:
+    core = (project.tree / "vllm/core.py").read_text()
+    core = core.replace(f"return {layer}\n", f"return {layer}{layer}\n")
+    (project.tree / f"tests/test_layer_{layer}.py").write_text(test)
+    (project.tree / "vllm/core.py").write_text(core)
+    _commit_all(project, f"[Bugfix] Layer {layer} returns {layer}{layer}")
+
+
+def _commit_all(project, message: str) -> None:
+    git(project.tree, "add", "-A")
+    git(project.tree, "commit", "-q", "-s", "-m", f"{message}\n\nUpstream-Status: Pending [x]")
+
+
+@pytest.fixture
+def queue(project, monkeypatch):
+    """The project's queue of three, proved once; its test runs use this
+    Python, which has pytest."""
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+    monkeypatch.setattr(venv, "ensure_engine", lambda base: None)
+    materialize.ensure(project.base)
+    _fix(project, 3, LAYER_3)
+    _fix(project, 5, LAYER_5)
+    (project.tree / "tests/test_layer_3_again.py").write_text(AGAIN)
+    _commit_all(project, "[Test] Layer 3 again")
+    names = export.export(project.base)
+    diff = project.base.patch_dir / "verify" / f"{names[2]}.without-fix.diff"
+    diff.parent.mkdir()
+    diff.write_text(
+        "--- a/vllm/core.py\n+++ b/vllm/core.py\n@@ -10,3 +10,3 @@ def layer_2():\n"
+        " def layer_3():\n-    return 33\n+    return 3\n \n"
+    )
+    assert verify.main([project.base], 2, audit=0) == 0
+    return names
+
+
+def _plan(project) -> dict[str, str]:
+    run = verify.prepare(project.base, fresh=False)
+    return {p.subject.entry.name[:4]: p.why for p in run.rows()}
+
+
+def test_a_first_verify_proves_every_row_and_a_second_reuses_them(
+    project, queue, capsys
+):
+    data = json.loads(ledger.path(project.base).read_text())
+    rows = {row["patch"]: row for row in data["rows"]}
+    assert list(rows) == queue
+    for row in rows.values():
+        assert len(row["inputs"]["tree_with_fix"]) == 40
+        assert len(row["inputs"]["tree_without_fix"]) == 40
+        assert row["without_fix"]["failed"] == 1
+    assert rows[queue[0]]["without_fix"]["failures"] == {
+        "tests/test_layer_3.py::test_layer_3": "AssertionError: assert 3 == 33\n"
+        " +  where 3 = <function layer_3 at "
+        + rows[queue[0]]["without_fix"]["failures"][
+            "tests/test_layer_3.py::test_layer_3"
+        ].split(" at ", 1)[1]
+    }
+    capsys.readouterr()
+    assert verify.main([project.base], 2, audit=0) == 0
+    out = capsys.readouterr().out
+    assert out.count("reused (key ") == 3 and "proved in" not in out
+    assert ledger.stale(project.base) == []
+
+
+def test_each_changed_input_invalidates_exactly_its_rows(
+    project, queue, monkeypatch, tmp_path
+):
+    assert _plan(project) == {"0001": "", "0002": "", "0003": ""}
+
+    diff = project.base.patch_dir / "verify" / f"{queue[2]}.without-fix.diff"
+    original = diff.read_text()
+    diff.write_text(original.replace("return 3\n", "return 4\n"))
+    plan = _plan(project)
+    assert plan["0001"] == plan["0002"] == ""
+    assert plan["0003"].startswith("changed: the tree without the fix")
+    assert [p for p in ledger.stale(project.base) if "stale" in p] == [
+        f"patches/{project.base.name}/proof.json: {queue[2]} is stale: the tree "
+        f"without the fix ({plan['0003'].split('(')[1].split(')')[0]}); run "
+        f"`make verify BASE={project.base.name}`"
+    ]
+    diff.write_text(original)
+
+    real_locked_set = prove.locked_set
+    monkeypatch.setattr(prove, "locked_set", lambda python: [*real_locked_set(python), "x==2"])
+    assert all("test environment's locked set" in why for why in _plan(project).values())
+    assert ledger.stale(project.base) == []  # another machine's, not the queue's
+    monkeypatch.setattr(prove, "locked_set", real_locked_set)
+
+    harness = tmp_path / "harness"
+    shutil.copytree(prove.HARNESS, harness)
+    monkeypatch.setattr(prove, "HARNESS", harness)
+    assert _plan(project) == {"0001": "", "0002": "", "0003": ""}
+    (harness / "vllm_fork_report.py").write_text("# changed\n", encoding="utf-8")
+    assert all("forktools/harness/" in why for why in _plan(project).values())
+    monkeypatch.setattr(prove, "HARNESS", prove.ROOT / "forktools" / "harness")
+
+    code = tmp_path / "prove.py"
+    code.write_text(prove.PROOF_CODE.read_text() + "# changed\n")
+    monkeypatch.setattr(prove, "PROOF_CODE", code)
+    assert all("forktools/prove.py" in why for why in _plan(project).values())
+    monkeypatch.setattr(prove, "PROOF_CODE", Path(prove.__file__).resolve())
+
+    _fix(project, 7, LAYER_5.replace("5", "7"))
+    export.export(project.base)
+    plan = _plan(project)
+    assert plan["0004"] == "no row in the ledger"
+    assert all("the queue's tree" in plan[n] for n in ("0001", "0002", "0003"))
+    assert "0002" not in plan["0001"] and "tests run" not in plan["0001"]
+
+
+def test_a_hand_edited_row_is_caught_by_the_audit_and_fresh_proves_it_again(
+    project, queue, capsys
+):
+    file = ledger.path(project.base)
+    data = json.loads(file.read_text())
+    row = data["rows"][1]
+    row["without_fix"]["calls"]["tests/test_layer_5.py::test_layer_5"] = "passed"
+    file.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert verify.main([project.base], 2, audit=3, seed=0) == 1
+    out = capsys.readouterr().out
+    assert out.count("audited in") == 3
+    assert (
+        "NO: audit of the row with key "
+        f"{row['key'][:12]}: proved again without the fix, "
+        "tests/test_layer_5.py::test_layer_5 failed (AssertionError), the ledger "
+        "says passed" in out
+    )
+    kept = json.loads(file.read_text())["rows"][1]  # for a person to look at
+    assert kept["without_fix"]["calls"] == row["without_fix"]["calls"]
+
+    assert verify.main([project.base], 2, fresh=True, audit=3) == 0
+    out = capsys.readouterr().out
+    assert out.count("proved in") == 3 and "reused" not in out
+    assert json.loads(file.read_text())["rows"][1]["without_fix"]["failed"] == 1
+
+
+def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
+    file = ledger.path(project.base)
+    data = json.loads(file.read_text())
+    data["rows"][0]["inputs"]["tree_without_fix"] = "0" * 40
+    file.write_text(json.dumps(data))
+    assert _plan(project)["0001"] == "no row in the ledger"
+    [problem] = [p for p in ledger.stale(project.base) if "edited by hand" in p]
+    assert queue[0] in problem and "run `make verify" in problem

@@ -1,0 +1,251 @@
+"""The proof ledger: ``patches/<base>/proof.json``, written by ``make verify``.
+
+"Patch P's tests pass with it and fail without it" is a fact about exact
+inputs, so it is kept as data and proved again only when an input changes, the
+way a build cache keeps an action's result. One row per patch in ``series``,
+keyed by the digest of its inputs: the git tree of the whole queue (with the
+fix) and of the queue with the fix undone, the locked set of the environments
+the tests ran in, the content of the harness and of the proof code
+(``forktools/prove.py``), and the test functions run. Its value is what was
+observed with and without the fix, when, and in how many seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from forktools import git, materialize, prove, queue
+from forktools.pins import Base, ForkError
+from forktools.prove import Outcome
+
+FILE = "proof.json"
+KEY_SHOWN = 12
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything a row's observation depends on."""
+
+    tree_with_fix: str
+    tree_without_fix: str
+    environment: str
+    harness: str
+    verify: str
+    tests: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        text = json.dumps(asdict(self), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def changed(self, recorded: Inputs, *, skip: tuple[str, ...] = ()) -> list[str]:
+        """What differs from ``recorded``, in words; empty when nothing does."""
+        words = {
+            "tree_with_fix": "the queue's tree",
+            "tree_without_fix": "the tree without the fix",
+            "environment": "the test environment's locked set",
+            "harness": "forktools/harness/",
+            "verify": "forktools/prove.py",
+            "tests": "the tests run",
+        }
+        mine, theirs = asdict(self), asdict(recorded)
+        return [
+            f"{words[name]} ({_short(theirs[name])} -> {_short(mine[name])})"
+            for name in words
+            if name not in skip and mine[name] != theirs[name]
+        ]
+
+
+@dataclass
+class Proof:
+    """One row: the observation made on ``inputs``."""
+
+    patch: str
+    inputs: Inputs
+    undone_by: str
+    with_fix: Outcome
+    without_fix: Outcome
+    proved: str  # the date, ISO 8601
+    seconds: float  # of the without-fix run
+
+    @property
+    def key(self) -> str:
+        return self.inputs.key
+
+    def to_json(self) -> dict:
+        return {
+            "patch": self.patch,
+            "key": self.key,
+            "inputs": {**asdict(self.inputs), "tests": list(self.inputs.tests)},
+            "undone_by": self.undone_by,
+            "proved": self.proved,
+            "seconds": round(self.seconds),
+            "with_fix": self.with_fix.to_json(),
+            "without_fix": self.without_fix.to_json(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Proof:
+        inputs = dict(data["inputs"])
+        inputs["tests"] = tuple(inputs["tests"])
+        return cls(
+            data["patch"],
+            Inputs(**inputs),
+            data["undone_by"],
+            Outcome.from_json(data["with_fix"]),
+            Outcome.from_json(data["without_fix"]),
+            data["proved"],
+            float(data["seconds"]),
+        )
+
+
+@dataclass
+class Ledger:
+    base: str
+    proofs: dict[str, Proof]
+    # The locked set of each environment the proofs ran in, by role.
+    environments: dict[str, list[str]]
+    with_fix_seconds: float = 0.0
+    # Rows dropped on load because their key is not their inputs' digest.
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "base": self.base,
+            "with_fix_seconds": round(self.with_fix_seconds),
+            "environments": self.environments,
+            "rows": [proof.to_json() for proof in self.proofs.values()],
+        }
+
+
+def path(base: Base) -> Path:
+    return base.patch_dir / FILE
+
+
+def load(base: Base) -> Ledger:
+    """The base's ledger; an empty one where there is none yet."""
+    file = path(base)
+    if not file.exists():
+        return Ledger(base.name, {}, {})
+    try:
+        data = json.loads(file.read_text())
+        proofs = [Proof.from_json(row) for row in data["rows"]]
+        ledger = Ledger(
+            data["base"],
+            {proof.patch: proof for proof in proofs},
+            data["environments"],
+            float(data["with_fix_seconds"]),
+        )
+    except (ValueError, KeyError, TypeError) as error:
+        raise ForkError(
+            f"{file} is not a proof ledger `make verify` wrote ({error!r}); "
+            "restore it with git, or remove it and run `make verify`"
+        ) from error
+    for proof, row in zip(proofs, data["rows"], strict=True):
+        if row.get("key") != proof.key:
+            del ledger.proofs[proof.patch]
+            ledger.problems.append(
+                f"{file.name}: the row of {proof.patch} says key {row.get('key')}, "
+                f"its inputs make {proof.key} (edited by hand?)"
+            )
+    return ledger
+
+
+def save(base: Base, ledger: Ledger) -> Path:
+    file = path(base)
+    file.write_text(json.dumps(ledger.to_json(), indent=1, sort_keys=False) + "\n")
+    return file
+
+
+def environment_digest(base: Base, environments: dict[str, list[str]]) -> str:
+    """The locked sets, and the pinned wheels whose compiled files the fork
+    tree links (they are not in its git tree)."""
+    wheel = base.wheel_for_this_machine()
+    parts = [f"wheel {wheel.file} {wheel.sha256}"]
+    engine = base.engine_wheel_for_this_machine()
+    if engine is not None:
+        parts.append(f"engine wheel {engine.file} {engine.sha256}")
+    for role in sorted(environments):
+        parts += [f"[{role}]", *environments[role]]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+@dataclass
+class Subject:
+    """A patch as it stands now, and what its proof depends on."""
+
+    entry: queue.Entry
+    commit: str
+    tests: list[str]
+    tree_without_fix: str
+    undone_by: str
+
+    def inputs(self, tree_with_fix: str, environment: str) -> Inputs:
+        return Inputs(
+            tree_with_fix,
+            self.tree_without_fix,
+            environment,
+            **prove.code_digests(),
+            tests=tuple(self.tests),
+        )
+
+
+def subjects(base: Base, tree: Path) -> list[Subject | ForkError]:
+    """Each patch of the queue in the fork tree, or why it cannot be proved."""
+    commits = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
+    found: list[Subject | ForkError] = []
+    for entry, commit in zip(queue.entries(base), commits, strict=True):
+        tests = prove.added_tests(tree, commit)
+        try:
+            without, how = prove.tree_without_fix(base, entry, tree, commit)
+        except ForkError as error:
+            found.append(error)
+            continue
+        found.append(Subject(entry, commit, tests, without, how))
+    return found
+
+
+def stale(base: Base) -> list[str]:
+    """Where the base's ledger no longer matches its queue; empty if it does.
+    The environment is not compared here: another machine's is not a stale
+    ledger, and ``make verify`` proves the rows again there."""
+    entries = queue.entries(base)
+    if not entries:
+        return []
+    ledger = load(base)
+    where = f"patches/{base.name}/{FILE}"
+    run = f"run `make verify BASE={base.name}`"
+    found = [f"patches/{base.name}/{problem}; {run}" for problem in ledger.problems]
+    if not ledger.proofs:
+        return found + [f"{where}: no proofs for {len(entries)} patch(es); {run}"]
+    tree = materialize.ensure(base)
+    tree_with_fix = prove.tree_with_fix(tree)
+    for subject in subjects(base, tree):
+        if isinstance(subject, ForkError):
+            found.append(str(subject))
+            continue
+        name = subject.entry.name
+        proof = ledger.proofs.get(name)
+        if proof is None:
+            found.append(f"{where}: no row for {name}; {run}")
+            continue
+        now = subject.inputs(tree_with_fix, proof.inputs.environment)
+        changed = now.changed(proof.inputs, skip=("environment",))
+        if changed:
+            found.append(f"{where}: {name} is stale: {'; '.join(changed)}; {run}")
+    listed = {entry.name for entry in entries}
+    found += [
+        f"{where}: a row for {name}, which series does not list; {run}"
+        for name in ledger.proofs
+        if name not in listed
+    ]
+    return found
+
+
+def _short(value) -> str:
+    if isinstance(value, tuple):
+        return f"{len(value)} test(s)"
+    return str(value)[:KEY_SHOWN]
