@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -146,28 +147,59 @@ def cmd_engine_env(args) -> int:
     return 0
 
 
+def _environments(bases: list[pins.Base]) -> list[Path]:
+    """Each base's tree, test and engine environments, bases side by side
+    (an install keeps about one core busy); their test Pythons."""
+    import concurrent.futures
+
+    from forktools import venv
+
+    def build(base: pins.Base) -> Path:
+        materialize.ensure(base)
+        python = venv.ensure(base)
+        venv.ensure_engine(base)
+        return python
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return list(pool.map(build, bases))
+
+
 def cmd_test(args) -> int:
     """Everything CI runs: tooling tests, lint, check, verify."""
     import subprocess
+    import time
 
-    from forktools import venv
     from forktools.pins import ROOT
 
     bases = _bases(args)
-    pythons = [venv.ensure(base) for base in bases]
-    tooling = [str(pythons[0]), "-m", "pytest", "-q", "forktools/tests"]
+    pythons: list[Path] = []
+
+    def environments() -> int:
+        pythons.extend(_environments(bases))
+        return 0
+
+    def tooling_tests() -> int:
+        tests = [str(pythons[0]), "-m", "pytest", "-q", "forktools/tests"]
+        return subprocess.run(tests, cwd=ROOT).returncode
+
     stages = {
-        "tooling tests": lambda: subprocess.run(tooling, cwd=ROOT).returncode,
+        "environments": environments,
+        "tooling tests": tooling_tests,
         "lint": lambda: cmd_lint(args),
         "check": lambda: cmd_check(args),
         "verify": lambda: cmd_verify(args),
     }
-    failed = []
+    failed, minutes = [], []
     for name, stage in stages.items():
         print(f"\n== {name}", flush=True)
+        started = time.monotonic()
         if stage() != 0:
             failed.append(name)
+        minutes.append(f"{name} {(time.monotonic() - started) / 60:.1f}")
+        if name == "environments" and failed:
+            break
     print(f"\nfailed: {', '.join(failed)}" if failed else "")
+    print(f"minutes: {', '.join(minutes)}")
     print(f"stages: {len(stages) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 
