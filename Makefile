@@ -6,10 +6,10 @@ jobs_arg = $(if $(JOBS),--jobs $(JOBS))
 proof_args = $(if $(FRESH),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check status verify lint test venv engine pr bench rebase wheel
+.PHONY: help fork export check status verify lint test test-tooling venv engine pr bench rebase wheel
 
 help: ## list the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 	@echo "  BASE=<base> limits a target to one base pinned in upstream.toml"
 
 fork: ## materialize vllm/ and tests/ for BASE (default: upstream.toml's)
@@ -38,6 +38,9 @@ venv: ## build the per-base test environments (cached)
 
 engine: ## build the CPU engine environments (cached; SMOKE=1 runs the engine on the fork tree)
 	$(forktools) engine-env $(base_arg) $(if $(SMOKE),--smoke)
+
+test-tooling: ## the tooling's own tests (about a minute; downloads nothing)
+	$(PYTHON) -m pytest -q forktools/tests
 
 test: ## everything CI runs: tooling tests, lint, check, verify
 	$(forktools) test $(base_arg) $(jobs_arg) $(proof_args)

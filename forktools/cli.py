@@ -265,8 +265,9 @@ def parser() -> argparse.ArgumentParser:
         "body (its test sections from `make verify`). The same commit is branch "
         "pr/<patch> of the base's fork tree. Says whether the patch applies to "
         "the newest pinned release. Refuses when your git identity is unset or "
-        "at a made-up domain (DCO needs a person's), and for a fork-only patch "
-        "(Upstream-Status: Inappropriate)."
+        "at a made-up domain (DCO needs a person's), for a fork-only patch "
+        "(Upstream-Status: Inappropriate), and for a backport of a fix upstream "
+        "has released (Upstream-Status: Backport)."
     )
     sub.choices["rebase"].add_argument(
         "--to", required=True, help="the upstream release to move to, e.g. 0.34.0"

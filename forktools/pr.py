@@ -117,11 +117,18 @@ def _entry(base: Base, number: int) -> queue.Entry:
 
 
 def refuse_fork_only(base: Base, entry: queue.Entry) -> None:
+    """Refuse what upstream must not get: fork-only patches, and backports
+    of what upstream has already released."""
     status = entry.upstream_status(base)
     if status.kind == "Inappropriate":
         raise ForkError(
             f"patches/{base.name}/{entry.name} is not for upstream ({status}); "
             "submit the fix it covers instead"
+        )
+    if status.kind == "Backport":
+        raise ForkError(
+            f"patches/{base.name}/{entry.name} is a backport of what upstream "
+            f"already has ({status}): there is nothing to submit"
         )
 
 

@@ -140,21 +140,28 @@ def test_pr_refuses_without_a_real_identity(project, identity, name, email, says
     assert not (project.root / "pr").exists()
 
 
-def test_pr_refuses_a_fork_only_patch(project, identity):
+@pytest.mark.parametrize(
+    ("status", "said"),
+    [
+        ("Inappropriate [fork-only coverage of layer 3]", "is not for upstream"),
+        (
+            "Backport [PR 7, first released in v10.0.0]",
+            "is a backport of what upstream already has (Backport [PR 7, first "
+            "released in v10.0.0]): there is nothing to submit",
+        ),
+    ],
+)
+def test_pr_refuses_fork_only_and_backport_patches(project, identity, status, said):
     _set(identity, "Ada Lovelace", "ada@lovelace.dev")
     materialize.ensure(project.base)
-    message = MESSAGE.replace(
-        "Pending [issue 1]", "Inappropriate [fork-only coverage of layer 3]"
-    )
+    message = MESSAGE.replace("Pending [issue 1]", status)
     project.commit("tests/test_core.py", "def test_core():\n    pass\n", message)
     [name] = export.export(project.base)
 
     with pytest.raises(ForkError) as refused:
         pr.prepare(project.base, 1)
 
-    assert f"patches/{project.base.name}/{name} is not for upstream" in str(
-        refused.value
-    )
+    assert f"patches/{project.base.name}/{name} {said}" in str(refused.value)
     assert not (project.root / "pr").exists()
 
 
