@@ -11,6 +11,9 @@ from forktools.pins import Base
 
 def problems(base: Base) -> list[str]:
     """Every way in which the base's tree and queue disagree; empty if none."""
+    unlisted = _unlisted(base)
+    if unlisted:
+        return unlisted
     tree = materialize.ensure(base)
     from_wheel = materialize.wheel_edits(tree)
     found = [
@@ -58,3 +61,25 @@ def _applies_alone(base: Base, tree: Path) -> list[str]:
                 f"pristine {base.version}: {result.stderr.strip()}"
             )
     return found
+
+
+def _unlisted(base: Base) -> list[str]:
+    """Patch files that ``series`` does not list (or a missing ``series``):
+    the queue would be built without them."""
+    series = base.patch_dir / "series"
+    listed = {entry.name for entry in queue.entries(base)}
+    files = sorted(p.name for p in base.patch_dir.glob("*.patch"))
+    unlisted = [name for name in files if name not in listed]
+    if not unlisted:
+        return []
+    if not series.exists():
+        return [
+            f"patches/{base.name}/series is missing, and {len(unlisted)} "
+            f"patch(es) are there: {', '.join(unlisted)}; restore it (git "
+            "checkout) or write it, one patch per line in order"
+        ]
+    return [
+        f"patches/{base.name}/{name} is not listed in series; list it, or "
+        "remove the file"
+        for name in unlisted
+    ]

@@ -135,6 +135,25 @@ def test_check_flags_hand_edited_patch(project):
     assert name in problem
 
 
+def test_check_flags_a_missing_series_and_unlisted_patches(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    [name] = export.export(project.base)
+    series = project.base.patch_dir / "series"
+    kept = series.read_text()
+    series.unlink()
+    assert check.problems(project.base) == [
+        f"patches/{project.base.name}/series is missing, and 1 patch(es) are "
+        f"there: {name}; restore it (git checkout) or write it, one patch per "
+        "line in order"
+    ]
+    series.write_text(kept.replace(name, "# " + name))
+    assert check.problems(project.base) == [
+        f"patches/{project.base.name}/{name} is not listed in series; list it, "
+        "or remove the file"
+    ]
+
+
 def test_check_flags_unexported_edit(project):
     materialize.ensure(project.base)
     (project.tree / "vllm/core.py").write_text("edited\n")
