@@ -34,6 +34,7 @@ LINKED = ("vllm", "tests")
 STATE = "vllm-fork.json"
 WHEEL_MANIFEST = "vllm-fork-wheel.json"
 VERSION_FILE = "vllm/_version.py"
+TEST_BY_PRODUCTS = frozenset({".hypothesis", ".pytest_cache", "__pycache__"})
 
 
 def tree_dir(base: Base) -> Path:
@@ -67,12 +68,21 @@ def unexported(tree: Path) -> list[str]:
         return []
     changed = set(wheel_edits(tree))
     status = git.run(tree, "status", "--porcelain", "--untracked-files=all").stdout
-    changed.update(line[3:] for line in status.splitlines())
+    changed.update(
+        line[3:] for line in status.splitlines() if not _is_test_by_product(line)
+    )
     head = read_state(tree).get("head")
     if head and git.out(tree, "rev-parse", "HEAD") != head:
         changed.update(git.out(tree, "diff", "--name-only", head, "HEAD").split())
         changed = changed or {"(commits not exported)"}
     return sorted(changed)
+
+
+def _is_test_by_product(status_line: str) -> bool:
+    """An untracked file that running tests leaves (pytest's cache,
+    hypothesis' example database, bytecode): never an edit."""
+    parts = Path(status_line[3:]).parts
+    return status_line.startswith("?? ") and bool(TEST_BY_PRODUCTS.intersection(parts))
 
 
 def wheel_edits(tree: Path) -> list[str]:

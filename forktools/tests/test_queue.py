@@ -154,6 +154,16 @@ def test_check_flags_a_missing_series_and_unlisted_patches(project):
     ]
 
 
+def test_files_that_tests_leave_are_not_edits(project):
+    materialize.ensure(project.base)
+    for left in (".hypothesis/examples/ab/cd", "tests/.pytest_cache/v/x", "vllm/__pycache__/core.pyc"):
+        (project.tree / left).parent.mkdir(parents=True, exist_ok=True)
+        (project.tree / left).write_text("by-product\n")
+    assert materialize.unexported(project.tree) == []
+    (project.tree / "tests/test_new.py").write_text("def test_new():\n    pass\n")
+    assert materialize.unexported(project.tree) == ["tests/test_new.py"]
+
+
 def test_check_flags_unexported_edit(project):
     materialize.ensure(project.base)
     (project.tree / "vllm/core.py").write_text("edited\n")
