@@ -222,6 +222,7 @@ def checkout(tree: Path, tree_id: str | None = None):
         revision = git.out(tree, "commit-tree", tree_id, "-p", "HEAD", "-m", "verify")
     path = Path(tempfile.mkdtemp(prefix="vllm-fork-verify-"))
     shutil.rmtree(path)
+    git.run(tree, "worktree", "prune")  # what a killed run left
     git.run(tree, "worktree", "add", "--detach", "--quiet", str(path), revision)
     try:
         for name in materialize.wheel_files(tree):
@@ -253,6 +254,7 @@ def run_tests(
             VLLM_FORK_REPORT=str(report),
             VLLM_CACHE_ROOT=str(Path(tmp) / "vllm-cache"),
             HF_HUB_OFFLINE="1",
+            PYTHONUNBUFFERED="1",  # each test's line as it ends, not at exit
         )
         if engine is not None:
             env["VLLM_FORK_ENGINE_PYTHON"] = str(engine)
@@ -262,7 +264,7 @@ def run_tests(
             "pytest",
             "-p",
             "vllm_fork_report",
-            "-q",
+            "-v",
             "-p",
             "no:cacheprovider",
             *nodeids,
