@@ -1,6 +1,15 @@
 # vLLM fork: patch queues on pinned upstream releases. `make help` lists targets.
 PYTHON ?= python3
 BASE ?=
+# A variable the targets do not read (a typo, `base=` for `BASE=`) would be
+# ignored silently: name it instead.
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED PATCH TO PROBE ALL SMOKE
+given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+# Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
+unknown_vars := $(filter-out $(known_vars) MAKEFLAGS VLLM_% PIP_% UV_%,$(given_vars))
+ifneq ($(unknown_vars),)
+$(error $(foreach v,$(unknown_vars),$(v)=$($(v))) is not a variable of this Makefile; it reads $(known_vars))
+endif
 base_arg = $(if $(BASE),--base $(BASE))
 jobs_arg = $(if $(JOBS),--jobs $(JOBS))
 proof_args = $(if $(FRESH),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))

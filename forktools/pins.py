@@ -93,10 +93,16 @@ class Pins:
     bases: dict[str, Base]
 
     def get(self, name: str | None = None) -> Base:
-        name = name or os.environ.get(BASE_ENV) or self.default
+        source = ""
+        if not name:
+            name = os.environ.get(BASE_ENV)
+            source = f" (from {BASE_ENV})" if name else " (the default)"
+        name = name or self.default
         if name not in self.bases:
             known = ", ".join(self.bases)
-            raise ForkError(f"unknown base {name!r}: {PIN_FILE.name} pins {known}")
+            raise ForkError(
+                f"unknown base {name!r}{source}: {PIN_FILE.name} pins {known}"
+            )
         return self.bases[name]
 
     def newest_first(self) -> list[Base]:

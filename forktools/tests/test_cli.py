@@ -1,6 +1,10 @@
 """Each failure stops with a clear message and a non-zero exit."""
 
+import subprocess
+import sys
+
 from forktools import cli, export, materialize
+from forktools.pins import ROOT
 
 from .conftest import BASE
 
@@ -65,3 +69,45 @@ def test_every_command_has_help(capsys):
         except SystemExit as exit:
             assert exit.code == 0
         assert "--base" in capsys.readouterr().out
+
+
+def test_an_unknown_base_names_where_it_came_from(project, monkeypatch, capsys):
+    assert cli.main(["fork", "--base", "v9"]) != 0
+    assert f"unknown base 'v9': upstream.toml pins {BASE}" in capsys.readouterr().err
+    monkeypatch.setenv("VLLM_FORK_BASE", "v8")
+    assert cli.main(["fork"]) != 0
+    said = capsys.readouterr().err
+    assert f"unknown base 'v8' (from VLLM_FORK_BASE): upstream.toml pins {BASE}" in said
+
+
+def test_make_names_a_variable_it_does_not_read():
+    for typed in ("base=v0.33.0", "BAES=v0.33.0"):
+        made = subprocess.run(
+            ["make", "-C", str(ROOT), "help", typed], capture_output=True, text=True
+        )
+        assert made.returncode == 2
+        assert f"{typed} is not a variable of this Makefile; it reads PYTHON BASE" in (
+            made.stderr
+        )
+    made = subprocess.run(
+        ["make", "-C", str(ROOT), "help", "BASE=v0.33.0", "VLLM_FORK_BENCH_INSTALL=0"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+
+
+def test_an_old_python_gets_one_line():
+    old_python = (
+        "import runpy, sys; sys.version_info = (3, 10, 13, 'final', 0); "
+        "runpy.run_module('forktools', run_name='__main__')"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", old_python, "status"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 1
+    [line] = ran.stderr.splitlines()
+    assert line.startswith("python -m forktools needs Python 3.11 or newer;")
