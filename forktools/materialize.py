@@ -16,6 +16,7 @@ extensions, headers for JIT builds: hundreds of MB) are hard-linked.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shlex
@@ -195,8 +196,15 @@ def pristine(base: Base) -> Path:
 
 
 def _build_pristine(base: Base, path: Path) -> None:
+    """Build in a staging directory beside ``path`` (under the pristine lock),
+    readable by every user of the shared cache, as a plain mkdir makes it."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*"):
+        shutil.rmtree(leftover, ignore_errors=True)  # a killed build's
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)
     try:
         extract_sdist(download.fetch(base.sdist), staging)
         git.run(staging, "init", "--quiet", "--initial-branch=fork")

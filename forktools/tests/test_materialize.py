@@ -1,6 +1,8 @@
 """The pristine tree of a base is built once and shared by every clone."""
 
+import os
 import shutil
+import stat
 import subprocess
 
 import pytest
@@ -26,6 +28,23 @@ def test_second_tree_reuses_the_pristine_tree(project, monkeypatch):
     assert git.out(tree, "remote") == ""
     assert (tree / "vllm" / "_C.abi3.so").stat().st_nlink == 2
     assert materialize.unexported(tree) == []
+
+
+def test_the_shared_pristine_tree_is_readable_by_all_and_a_killed_build_is_cleaned(
+    project,
+):
+    wheel = project.base.wheel_for_this_machine()
+    key = f"{project.base.name}-{project.base.sdist.sha256[:12]}-{wheel.sha256[:12]}"
+    leftover = materialize.download.cache_dir() / "pristine" / f".{key}.x1y2z3"
+    leftover.mkdir(parents=True)
+    (leftover / "half-written").write_text("")
+    old_umask = os.umask(0o022)
+    try:
+        pristine = materialize.pristine(project.base)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(pristine.stat().st_mode) == 0o755
+    assert not leftover.exists()
 
 
 WHEEL_ONLY = "vllm/vllm_flash_attn/interface.py"
