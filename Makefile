@@ -3,7 +3,7 @@ PYTHON ?= python3
 BASE ?=
 # A variable the targets do not read (a typo, `base=` for `BASE=`) would be
 # ignored silently: name it instead.
-known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED PATCH TO PROBE ALL SMOKE
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED PATCH TO PROBE ALL SMOKE FETCH
 given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 # Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
 unknown_vars := $(filter-out $(known_vars) MAKEFLAGS VLLM_% PIP_% UV_%,$(given_vars))
@@ -30,8 +30,8 @@ export: ## write the fork tree's commits back into patches/<base>/
 check: ## fail when patches/ and the fork trees disagree, or a proof ledger is stale
 	$(forktools) check $(base_arg)
 
-status: ## table: base, patch, subject, upstream status
-	$(forktools) status $(base_arg)
+status: ## table: base, patch, subject, upstream status, newer releases (FETCH=1: download what that needs)
+	$(forktools) status $(base_arg) $(if $(FETCH),--fetch)
 
 verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT=n rows proved again; JOBS=n)
 	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args)

@@ -55,7 +55,7 @@ def cmd_status(args) -> int:
     """Table of every queue: patch, upstream status, which newer releases hold it."""
     from forktools import status
 
-    return status.main(_bases(args))
+    return status.main(_bases(args), fetch=args.fetch)
 
 
 def cmd_verify(args) -> int:
@@ -269,6 +269,13 @@ def parser() -> argparse.ArgumentParser:
         "(Upstream-Status: Inappropriate), and for a backport of a fix upstream "
         "has released (Upstream-Status: Backport)."
     )
+    sub.choices["status"].add_argument(
+        "--fetch",
+        action="store_true",
+        help="download and build the newer releases' pristine trees that are not "
+        "here yet, and ask the package index for releases newer than the newest "
+        "pin (default: use what is here, download nothing)",
+    )
     sub.choices["rebase"].add_argument(
         "--to", required=True, help="the upstream release to move to, e.g. 0.34.0"
     )
@@ -337,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     except ForkError as e:
         print(f"vllm-fork: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `make status | head -1`: the reader has all it wants
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -178,12 +178,23 @@ def _build(base: Base) -> Path:
     return tree
 
 
+def pristine_path(base: Base) -> Path:
+    wheel = base.wheel_for_this_machine()
+    key = f"{base.name}-{base.sdist.sha256[:12]}-{wheel.sha256[:12]}"
+    return download.cache_dir() / "pristine" / key
+
+
+def pristine_here(base: Base) -> Path | None:
+    """The base's pristine tree if it is built; nothing is downloaded."""
+    path = pristine_path(base)
+    return path if (path / ".git" / WHEEL_MANIFEST).exists() else None
+
+
 def pristine(base: Base) -> Path:
     """The base's pristine tree (sdist committed, wheel files laid), shared by
     every clone through the download cache; built once per pinned artifacts."""
-    wheel = base.wheel_for_this_machine()
-    key = f"{base.name}-{base.sdist.sha256[:12]}-{wheel.sha256[:12]}"
-    path = download.cache_dir() / "pristine" / key
+    path = pristine_path(base)
+    key = path.name
     if (path / ".git" / WHEEL_MANIFEST).exists():
         return path
     lock = download.lock_file(f"pristine-{key}")
@@ -191,7 +202,7 @@ def pristine(base: Base) -> Path:
         if not path.is_dir():
             _build_pristine(base, path)
         if not (path / ".git" / WHEEL_MANIFEST).exists():  # built by older tooling
-            write_wheel_manifest(path, download.fetch(wheel))
+            write_wheel_manifest(path, download.fetch(base.wheel_for_this_machine()))
     return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,8 +126,21 @@ def _version_key(base: Base) -> tuple[int, ...]:
     return version_key(base.version)
 
 
+_VERSION = re.compile(r"(?P<release>\d+(?:\.\d+)*)(?:(?P<pre>a|b|rc)(?P<n>\d+))?")
+_PRE = {"a": 0, "b": 1, "rc": 2, None: 3}  # a final release sorts after its rcs
+
+
 def version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
+    """Sortable form of a release version: ``0.34.0``, ``0.35.0rc1``."""
+    found = _VERSION.fullmatch(version)
+    if not found:
+        raise ValueError(
+            f"version {version!r} is not a release version (such as 0.34.0 or "
+            "0.35.0rc1)"
+        )
+    release = [int(part) for part in found["release"].split(".")]
+    release += [0] * (3 - len(release))
+    return (*release, _PRE[found["pre"]], int(found["n"] or 0))
 
 
 def _artifact(entry: dict) -> Artifact:
@@ -187,7 +201,7 @@ LAYOUT = (
     "`version`, `sdist = { file = …, sha256 = … }` and `wheels = [{ file = …, "
     "sha256 = … }, …]`; compare with the file in git (`git diff upstream.toml`)."
 )
-_MALFORMED = (KeyError, TypeError, AttributeError)
+_MALFORMED = (KeyError, TypeError, AttributeError, ValueError)
 
 
 def load(path: Path | None = None) -> Pins:
@@ -207,6 +221,7 @@ def load(path: Path | None = None) -> Pins:
 
 def _base(path: Path, name: str, entry: dict) -> Base:
     try:
+        version_key(entry["version"])
         return Base(
             name=name,
             version=entry["version"],

@@ -3,7 +3,9 @@ newer pinned release whether it already contains the patch.
 
 A release contains a patch when the patch reverse-applies on its pristine
 tree. A backport rarely does (upstream wrote its own fix), so for a
-``Backport`` the release its trailer names counts too.
+``Backport`` the release its trailer names counts too. Only pristine trees
+already here are read; ``fetch`` downloads and builds the missing ones and
+asks the package index for releases newer than the newest pin.
 """
 
 from __future__ import annotations
@@ -15,24 +17,33 @@ from forktools.table import render
 HEADER = ("base", "#", "patch", "subject", "upstream status", "newer releases")
 
 
+NOT_HERE = "not here (FETCH=1)"
+
+
 def in_release(
-    base: Base, entry: queue.Entry, status: upstream.Status | None, newer: Base
+    base: Base,
+    entry: queue.Entry,
+    status: upstream.Status | None,
+    newer: Base,
+    fetch: bool = False,
 ) -> str:
     """Whether ``newer`` already holds ``entry`` of ``base``'s queue, whose
     trailer says ``status`` (None where it has no valid one)."""
-    tree = materialize.ensure(newer)
+    released = status.released_in if status and status.kind == "Backport" else None
+    if released and pins.version_key(released) <= pins.version_key(newer.version):
+        return f"upstream's own fix (v{released})"
+    tree = materialize.pristine(newer) if fetch else materialize.pristine_here(newer)
+    if tree is None:
+        return NOT_HERE
     patch = base.patch_dir / entry.name
     if git.apply_check(tree, "base", patch, reverse=True).returncode == 0:
         return "in (reverse-applies)"
-    if status is None:
-        return "needed"
-    released = status.released_in if status.kind == "Backport" else None
-    if released and pins.version_key(released) <= pins.version_key(newer.version):
-        return f"upstream's own fix (v{released})"
     return "needed"
 
 
-def rows(bases: list[Base], pinned: pins.Pins) -> list[tuple[str, ...]]:
+def rows(
+    bases: list[Base], pinned: pins.Pins, fetch: bool = False
+) -> list[tuple[str, ...]]:
     result = [HEADER]
     for base in bases:
         newer = [
@@ -47,7 +58,7 @@ def rows(bases: list[Base], pinned: pins.Pins) -> list[tuple[str, ...]]:
             except upstream.StatusError:
                 status = None
             releases = "; ".join(
-                f"{other.name}: {in_release(base, entry, status, other)}"
+                f"{other.name}: {in_release(base, entry, status, other, fetch)}"
                 for other in newer
             )
             shown = str(status) if status else "MISSING (see make lint)"
@@ -60,9 +71,11 @@ def rows(bases: list[Base], pinned: pins.Pins) -> list[tuple[str, ...]]:
     return result
 
 
-def main(bases: list[Base]) -> int:
+def main(bases: list[Base], fetch: bool = False) -> int:
     pinned = pins.load()
-    print(render(rows(bases, pinned)))
+    print(render(rows(bases, pinned, fetch)))
+    if fetch:
+        print(newer_release_line(pinned))
     current = materialize.selected()
     if current:
         selected = pinned.get(current)
@@ -85,3 +98,27 @@ def wheel_lines(bases: list[Base]) -> list[str]:
                 + (" (stale: the queue changed; run make wheel)" if stale else "")
             )
     return lines
+
+
+def newer_release_line(pinned: pins.Pins) -> str:
+    """Which releases the package index offers beyond the newest pin."""
+    from forktools import download
+
+    newest = pinned.newest_first()[0].version
+    try:
+        offered = {str(c.version) for c in download._pip_candidates("vllm")}
+    except Exception as error:  # an index that cannot be reached is no reason to fail
+        return f"index: not asked for newer releases ({error})"
+    newer = sorted((v for v in offered if _is_newer(v, newest)), key=pins.version_key)
+    if not newer:
+        return f"index: nothing newer than v{newest}, the newest pin"
+    return (
+        f"index: newer than v{newest}: {', '.join(newer)} (make rebase TO={newer[-1]})"
+    )
+
+
+def _is_newer(version: str, than: str) -> bool:
+    try:
+        return pins.version_key(version) > pins.version_key(than)
+    except ValueError:  # dev or post releases
+        return False

@@ -1,10 +1,13 @@
 """Each failure stops with a clear message and a non-zero exit."""
 
+import os
 import subprocess
 import sys
 
-from forktools import cli, export, materialize
-from forktools.pins import ROOT
+import pytest
+
+from forktools import cli, export, materialize, pins
+from forktools.pins import ROOT, ForkError
 
 from .conftest import BASE
 
@@ -111,3 +114,38 @@ def test_an_old_python_gets_one_line():
     assert ran.returncode == 1
     [line] = ran.stderr.splitlines()
     assert line.startswith("python -m forktools needs Python 3.11 or newer;")
+
+
+def test_a_closed_pipe_is_quiet(tmp_path):
+    script = tmp_path / "long_status.py"
+    script.write_text(
+        "import sys\n"
+        "from forktools import cli\n\n\n"
+        "def long_table(args):\n"
+        "    \"\"\"A table longer than a pipe holds.\"\"\"\n"
+        "    print('row\\n' * 10**6)\n"
+        "    return 0\n\n\n"
+        "cli.COMMANDS['status'] = long_table\n"
+        "sys.exit(cli.main(['status']))\n"
+    )
+    ran = subprocess.run(
+        f"{sys.executable} {script} | head -1; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert (ran.returncode, ran.stdout, ran.stderr) == (0, "row\n", "")
+
+
+def test_a_release_candidate_pins_and_sorts_before_its_release(project):
+    pinned = project.root / "upstream.toml"
+    text = pinned.read_text()
+    rc = text.replace(BASE, "v10.0.0rc1").replace('"9.9.9"', '"10.0.0rc1"')
+    pinned.write_text(text + rc.split("\n", 1)[1])
+    assert [b.name for b in pins.load().newest_first()] == ["v10.0.0rc1", BASE]
+    pinned.write_text(text.replace('"9.9.9"', '"9.9.x"'))
+    with pytest.raises(ForkError, match=r"upstream.toml: malformed pin file .*'9.9.x'"):
+        pins.load()

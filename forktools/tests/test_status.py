@@ -1,6 +1,8 @@
 """``make status``: upstream status from the trailers, and newer releases."""
 
-from forktools import pins, queue, status
+import shutil
+
+from forktools import materialize, pins, queue, status
 
 from .conftest import BASE
 from .test_rebase import NEW, _queue, rebase_onto_release_with_fix_1
@@ -9,7 +11,15 @@ from .test_rebase import NEW, _queue, rebase_onto_release_with_fix_1
 def test_status_reads_trailers_and_checks_newer_releases(project):
     rebase_onto_release_with_fix_1(project)
     pinned = pins.load()
-    header, first, second, newer_row = status.rows(pinned.newest_first(), pinned)[:4]
+    newer = pinned.get(f"v{NEW}")
+    shutil.rmtree(materialize.pristine_path(newer), ignore_errors=True)
+    table = status.rows(pinned.newest_first(), pinned)
+    assert [row[5] for row in table[2:4]] == [f"v{NEW}: {status.NOT_HERE}"] * 2
+    assert materialize.pristine_here(newer) is None  # nothing fetched
+
+    header, first, second, newer_row = status.rows(
+        pinned.newest_first(), pinned, fetch=True
+    )[:4]
     assert header == status.HEADER
     assert first[0] == f"v{NEW}" and first[4] == "Pending [issue 1]"
     assert first[5] == "-"
