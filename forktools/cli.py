@@ -43,6 +43,13 @@ def cmd_check(args) -> int:
 
     found = []
     for base in _bases(args):
+        if args.here and not materialize.is_current(base):
+            print(
+                f"check: {base.name}: not checked, its tree is not built for this "
+                f"queue (make check BASE={base.name} builds it)",
+                file=sys.stderr,
+            )
+            continue
         found += check.problems(base) or ledger.stale(base)
     for problem in found:
         print(f"check: {problem}", file=sys.stderr)
@@ -268,6 +275,12 @@ def parser() -> argparse.ArgumentParser:
         "at a made-up domain (DCO needs a person's), for a fork-only patch "
         "(Upstream-Status: Inappropriate), and for a backport of a fix upstream "
         "has released (Upstream-Status: Backport)."
+    )
+    sub.choices["check"].add_argument(
+        "--here",
+        action="store_true",
+        help="check only the bases whose fork tree is built for the queue; build "
+        "and download nothing (the pre-commit hook)",
     )
     sub.choices["status"].add_argument(
         "--fetch",

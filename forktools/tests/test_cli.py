@@ -149,3 +149,14 @@ def test_a_release_candidate_pins_and_sorts_before_its_release(project):
     pinned.write_text(text.replace('"9.9.9"', '"9.9.x"'))
     with pytest.raises(ForkError, match=r"upstream.toml: malformed pin file .*'9.9.x'"):
         pins.load()
+
+
+def test_check_here_downloads_and_builds_nothing(project, capsys):
+    assert cli.main(["check", "--here"]) == 0
+    assert f"{BASE}: not checked, its tree is not built" in capsys.readouterr().err
+    assert not (project.root / ".fork").exists()
+    assert not materialize.download.cache_dir().exists()
+    materialize.ensure(project.base)
+    (project.tree / "vllm/core.py").write_text("edited\n")
+    assert cli.main(["check", "--here"]) == 1
+    assert "unexported edit in vllm/core.py" in capsys.readouterr().err
