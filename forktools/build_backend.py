@@ -40,11 +40,16 @@ def get_requires_for_build_wheel(config_settings=None) -> list[str]:
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
-    from forktools import pins, wheel
+    from forktools import materialize, pins, wheel
     from forktools.pins import ForkError
 
     try:
         base = pins.load().get()
+        # The wheel is the exported queue: an edit in the tree would be left out
+        # without a word where pip shows it, so stop and name it instead.
+        materialize.refuse_if_unexported(
+            materialize.tree_dir(base), f"build the {base.name} fork wheel"
+        )
         built = wheel.build(base, base.wheel_for_this_machine(), Path(wheel_directory))
     except ForkError as e:
         sys.exit(f"vllm-fork: error: {e}")

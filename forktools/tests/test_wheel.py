@@ -222,6 +222,17 @@ def test_pip_wheel_of_the_repository_is_the_make_wheel_wheel(
     assert not (fleet.root / "vllm").exists()  # building switched no base
 
 
+def test_pip_install_dot_refuses_a_tree_with_unexported_edits(project, tmp_path):
+    materialize.ensure(project.base)
+    (project.tree / "vllm/core.py").write_text("edited\n")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as refused:
+        build_backend.build_wheel(str(out))
+    said = str(refused.value.code)
+    assert "refusing to build the v9.9.9 fork wheel" in said and "vllm/core.py" in said
+    assert not out.exists()
+
+
 def test_sdist_refuses_and_points_to_make_wheel(tmp_path):
     with pytest.raises(SystemExit) as refused:
         build_backend.build_sdist(str(tmp_path))
