@@ -89,8 +89,12 @@ def is_complete(report: Path) -> bool:
 
 def _plain_version(version: str) -> str:
     plain = version.removeprefix("v")
-    if not re.fullmatch(r"\d+(\.\d+)+", plain):
-        raise ForkError(f"TO={version!r} is not a release version such as 0.34.0")
+    try:
+        pins.version_key(plain)
+    except ValueError:
+        raise ForkError(
+            f"TO={version!r} is not a release version such as 0.34.0 or 0.35.0rc1"
+        ) from None
     return plain
 
 
