@@ -412,19 +412,40 @@ def main(
     seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
     audited = pick_audits(runs, audit, seed)
     if audited:
-        names = ", ".join(f"{p.subject.entry.name[:4]}" for p in audited)
+        names = ", ".join(_name(runs, planned) for planned in audited)
         print(
             f"verify: auditing {names} (seed {seed}; AUDIT_SEED={seed} repeats it)",
             file=sys.stderr,
         )
-    execute(jobs_for(runs), jobs or default_jobs())
+    workers = jobs or default_jobs()
+    started = time.monotonic()
+    execute(jobs_for(runs), workers)
+    wall = time.monotonic() - started
     today = datetime.date.today().isoformat()
     rows = []
     for run in runs:
         rows += conclude(run, today)
         ledger.save(run.base, run.ledger)
     print(table(rows) if rows else "verify: every queue is empty")
+    print(timing(runs, wall, workers))
     return 0 if all(row.holds for row in rows) else 1
+
+
+def _name(runs: list[BaseRun], planned: Planned) -> str:
+    base = next(run.base.name for run in runs if planned in run.rows())
+    return f"{base} {planned.subject.entry.name[:4]}"
+
+
+def timing(runs: list[BaseRun], wall: float, workers: int) -> str:
+    """Where the test runs' seconds went, and the wall time they took."""
+    with_fix = ", ".join(
+        f"{run.base.name} {run.with_fix_seconds:.0f} s" for run in runs if run.tests
+    )
+    proved = [p.seconds for run in runs for p in run.rows() if p.proves]
+    return (
+        f"time: with every fix {with_fix or '-'}; without a fix {len(proved)} "
+        f"run(s), {sum(proved):.0f} s; {wall:.0f} s on {workers} CPU(s)"
+    )
 
 
 def saved_proof(base: Base, patch: str) -> Proof | None:
