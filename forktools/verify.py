@@ -33,7 +33,10 @@ from forktools.pins import Base, ForkError
 from forktools.prove import ASSERTIONS, Outcome, variant_of
 from forktools.table import render
 
-UNKNOWN_SECONDS = {"with": 900.0, "without": 300.0}
+UNKNOWN_SECONDS = 300.0  # a row's tests, with or without its fix
+# A base's tests with every fix run in this many pytest sessions: one would
+# leave a CPU idle while the longest base finishes alone.
+SESSIONS_PER_BASE = 2
 
 
 @dataclass
@@ -82,15 +85,54 @@ class BaseRun:
     environments: dict[str, list[str]]
     ledger: Ledger
     planned: list[Planned | ForkError] = field(default_factory=list)
-    with_fix: Outcome | None = None
-    with_fix_seconds: float = 0.0
+    sessions: list[Session] = field(default_factory=list)
 
     @property
-    def tests(self) -> list[str]:
-        return [n for p in self.rows() for n in p.subject.tests]
+    def with_fix_seconds(self) -> float:
+        return sum(session.seconds for session in self.sessions)
 
     def rows(self) -> list[Planned]:
         return [p for p in self.planned if isinstance(p, Planned)]
+
+    def with_fix_of(self, planned: Planned) -> Outcome:
+        """What ``planned``'s tests did in the session that ran them."""
+        session = next(s for s in self.sessions if planned in s.rows)
+        assert session.outcome is not None
+        return session.outcome.of_tests(planned.subject.tests)
+
+
+@dataclass
+class Session:
+    """One pytest session of some of a base's tests, with every fix."""
+
+    rows: list[Planned]
+    outcome: Outcome | None = None
+    seconds: float = 0.0
+
+    @property
+    def tests(self) -> list[str]:
+        return [n for p in self.rows for n in p.subject.tests]
+
+    @property
+    def estimate(self) -> float:
+        return sum(_estimate(planned) for planned in self.rows)
+
+
+def _estimate(planned: Planned) -> float:
+    """Expected seconds of the row's tests: those its last proof took."""
+    recorded = planned.recorded
+    return recorded.seconds if recorded else UNKNOWN_SECONDS
+
+
+def sessions_for(rows: list[Planned], count: int) -> list[Session]:
+    """``rows`` in up to ``count`` sessions of about equal expected length,
+    so that the bases' sessions share the CPUs evenly to the end."""
+    sessions = [Session([]) for _ in range(count)]
+    for planned in sorted(rows, key=_estimate, reverse=True):
+        min(sessions, key=lambda s: s.estimate).rows.append(planned)
+    for session in sessions:
+        session.rows.sort(key=rows.index)
+    return [session for session in sessions if session.rows]
 
 
 @dataclass
@@ -152,28 +194,35 @@ def jobs_for(runs: list[BaseRun]) -> list[Job]:
     """Every test run, longest expected first."""
     jobs = []
     for run in runs:
-        if run.tests:
-            estimate = run.ledger.with_fix_seconds or UNKNOWN_SECONDS["with"]
-            jobs.append(Job(estimate, lambda run=run: _run_with_fix(run)))
-        for planned in run.rows():
-            if planned.proves and planned.subject.tests:
-                recorded = planned.recorded
-                estimate = recorded.seconds if recorded else UNKNOWN_SECONDS["without"]
+        tested = [planned for planned in run.rows() if planned.subject.tests]
+        run.sessions = sessions_for(tested, SESSIONS_PER_BASE)
+        for number, session in enumerate(run.sessions, 1):
+            jobs.append(
+                Job(
+                    session.estimate,
+                    lambda r=run, s=session, n=number: _run_with_fix(r, s, n),
+                )
+            )
+        for planned in tested:
+            if planned.proves:
                 jobs.append(
-                    Job(estimate, lambda r=run, p=planned: _run_without_fix(r, p))
+                    Job(
+                        _estimate(planned),
+                        lambda r=run, p=planned: _run_without_fix(r, p),
+                    )
                 )
     return sorted(jobs, key=lambda job: -job.estimate)
 
 
-def _run_with_fix(run: BaseRun) -> None:
-    name = run.base.name
-    print(f"verify: {name}: {len(run.tests)} test(s) with every fix", file=sys.stderr)
+def _run_with_fix(run: BaseRun, session: Session, number: int) -> None:
+    label = f"{run.base.name} with fixes {number}/{len(run.sessions)}"
+    print(f"verify: {label}: {len(session.tests)} test(s)", file=sys.stderr)
     started = time.monotonic()
     with prove.checkout(run.tree) as worktree:
-        run.with_fix = prove.run_tests(
-            run.python, worktree, run.tests, run.engine, f"{name} with fixes"
+        session.outcome = prove.run_tests(
+            run.python, worktree, session.tests, run.engine, label
         )
-    run.with_fix_seconds = time.monotonic() - started
+    session.seconds = time.monotonic() - started
 
 
 def _run_without_fix(run: BaseRun, planned: Planned) -> None:
@@ -209,7 +258,7 @@ def conclude(run: BaseRun, today: str) -> list[Row]:
     run.ledger.proofs = proofs
     run.ledger.environments = run.environments
     run.ledger.problems = []
-    if run.with_fix is not None:
+    if run.sessions:
         run.ledger.with_fix_seconds = run.with_fix_seconds
     return rows
 
@@ -231,8 +280,7 @@ def _conclude_row(
     if not subject.tests:
         row.problem = "adds no test functions"
         return row, None
-    assert run.with_fix is not None
-    row.with_fix = run.with_fix.of_tests(subject.tests)
+    row.with_fix = run.with_fix_of(planned)
     recorded = planned.recorded
     if planned.why:
         assert planned.observed is not None
@@ -439,7 +487,7 @@ def _name(runs: list[BaseRun], planned: Planned) -> str:
 def timing(runs: list[BaseRun], wall: float, workers: int) -> str:
     """Where the test runs' seconds went, and the wall time they took."""
     with_fix = ", ".join(
-        f"{run.base.name} {run.with_fix_seconds:.0f} s" for run in runs if run.tests
+        f"{run.base.name} {run.with_fix_seconds:.0f} s" for run in runs if run.sessions
     )
     proved = [p.seconds for run in runs for p in run.rows() if p.proves]
     return (
