@@ -155,20 +155,28 @@ def cmd_engine_env(args) -> int:
 
 
 def _environments(bases: list[pins.Base]) -> list[Path]:
-    """Each base's tree, test and engine environments, bases side by side
-    (an install keeps about one core busy); their test Pythons."""
+    """Each base's tree, test and engine environments, built side by side (an
+    install keeps about one core busy); the bases' test Pythons."""
     import concurrent.futures
 
     from forktools import venv
 
-    def build(base: pins.Base) -> Path:
+    def test_environment(base: pins.Base) -> Path:
         materialize.ensure(base)
         python = venv.ensure(base)
-        venv.ensure_engine(base)
+        if base.engine and base.engine.kernels_only:
+            venv.ensure_engine(base)  # a layer over the test environment
         return python
 
+    own_engines = [b for b in bases if b.engine and not b.engine.kernels_only]
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        return list(pool.map(build, bases))
+        # An engine of its own takes as long as a test environment: start it
+        # first, beside them, rather than after its base's.
+        engines = [pool.submit(venv.ensure_engine, base) for base in own_engines]
+        pythons = list(pool.map(test_environment, bases))
+        for engine in engines:
+            engine.result()
+    return pythons
 
 
 def cmd_test(args) -> int:
