@@ -6,10 +6,10 @@ with the whole queue applied, and with the commit's source hunks reverted
 nothing erroring in collection or setup. A test-only commit names a patch
 that puts the bug back instead, ``patches/<base>/verify/<patch>.without-fix.diff``.
 
-The with-fix half runs every time, one pytest session per base, so the tree
-that ships is always tested. The without-fix half is a fact about exact
-inputs, kept in the base's proof ledger (``forktools/ledger.py``) and proved
-again only when a row's key changed, or for every row with ``fresh``. Each run
+The with-fix half runs every time, so the tree that ships is always tested.
+The without-fix half is a fact about exact inputs, kept in the base's proof
+ledger (``forktools/ledger.py``) and proved again only when a row's key
+changed, or for every row with ``fresh``. Each run
 also proves ``audit`` reused rows again, picked at random, and fails naming
 any whose observation differs from its record. Runs are scheduled across the
 CPUs longest first, rows of all bases side by side.
@@ -34,9 +34,6 @@ from forktools.prove import ASSERTIONS, Outcome, variant_of
 from forktools.table import render
 
 UNKNOWN_SECONDS = 300.0  # a row's tests, with or without its fix
-# A base's tests with every fix run in this many pytest sessions: one would
-# leave a CPU idle while the longest base finishes alone.
-SESSIONS_PER_BASE = 2
 
 
 @dataclass
@@ -67,6 +64,10 @@ class Planned:
     recorded: Proof | None
     why: str  # why it is proved again; "" when its record is reused
     audited: bool = False
+    # Its tests with every fix, this run.
+    with_fix: Outcome | None = None
+    with_fix_seconds: float = 0.0
+    # Its tests without its fix, where this run proves them.
     observed: Outcome | None = None
     seconds: float = 0.0
 
@@ -85,54 +86,19 @@ class BaseRun:
     environments: dict[str, list[str]]
     ledger: Ledger
     planned: list[Planned | ForkError] = field(default_factory=list)
-    sessions: list[Session] = field(default_factory=list)
 
     @property
     def with_fix_seconds(self) -> float:
-        return sum(session.seconds for session in self.sessions)
+        return sum(planned.with_fix_seconds for planned in self.rows())
 
     def rows(self) -> list[Planned]:
         return [p for p in self.planned if isinstance(p, Planned)]
-
-    def with_fix_of(self, planned: Planned) -> Outcome:
-        """What ``planned``'s tests did in the session that ran them."""
-        session = next(s for s in self.sessions if planned in s.rows)
-        assert session.outcome is not None
-        return session.outcome.of_tests(planned.subject.tests)
-
-
-@dataclass
-class Session:
-    """One pytest session of some of a base's tests, with every fix."""
-
-    rows: list[Planned]
-    outcome: Outcome | None = None
-    seconds: float = 0.0
-
-    @property
-    def tests(self) -> list[str]:
-        return [n for p in self.rows for n in p.subject.tests]
-
-    @property
-    def estimate(self) -> float:
-        return sum(_estimate(planned) for planned in self.rows)
 
 
 def _estimate(planned: Planned) -> float:
     """Expected seconds of the row's tests: those its last proof took."""
     recorded = planned.recorded
     return recorded.seconds if recorded else UNKNOWN_SECONDS
-
-
-def sessions_for(rows: list[Planned], count: int) -> list[Session]:
-    """``rows`` in up to ``count`` sessions of about equal expected length,
-    so that the bases' sessions share the CPUs evenly to the end."""
-    sessions = [Session([]) for _ in range(count)]
-    for planned in sorted(rows, key=_estimate, reverse=True):
-        min(sessions, key=lambda s: s.estimate).rows.append(planned)
-    for session in sessions:
-        session.rows.sort(key=rows.index)
-    return [session for session in sessions if session.rows]
 
 
 @dataclass
@@ -191,38 +157,34 @@ def pick_audits(runs: list[BaseRun], count: int, seed: int) -> list[Planned]:
 
 
 def jobs_for(runs: list[BaseRun]) -> list[Job]:
-    """Every test run, longest expected first."""
+    """Every test run, longest expected first. Each row's tests run in a
+    session of their own, with every fix and without the row's: the same
+    tests, only the tree differs; and one row's tests cannot leave another's
+    a process-wide state (a warn-once already spent, a config changed)."""
     jobs = []
     for run in runs:
-        tested = [planned for planned in run.rows() if planned.subject.tests]
-        run.sessions = sessions_for(tested, SESSIONS_PER_BASE)
-        for number, session in enumerate(run.sessions, 1):
-            jobs.append(
-                Job(
-                    session.estimate,
-                    lambda r=run, s=session, n=number: _run_with_fix(r, s, n),
-                )
-            )
-        for planned in tested:
+        for planned in run.rows():
+            if not planned.subject.tests:
+                continue
+            estimate = _estimate(planned)
+            jobs.append(Job(estimate, lambda r=run, p=planned: _run_with_fix(r, p)))
             if planned.proves:
                 jobs.append(
-                    Job(
-                        _estimate(planned),
-                        lambda r=run, p=planned: _run_without_fix(r, p),
-                    )
+                    Job(estimate, lambda r=run, p=planned: _run_without_fix(r, p))
                 )
     return sorted(jobs, key=lambda job: -job.estimate)
 
 
-def _run_with_fix(run: BaseRun, session: Session, number: int) -> None:
-    label = f"{run.base.name} with fixes {number}/{len(run.sessions)}"
-    print(f"verify: {label}: {len(session.tests)} test(s)", file=sys.stderr)
+def _run_with_fix(run: BaseRun, planned: Planned) -> None:
+    subject = planned.subject
+    label = f"{run.base.name} {subject.entry.name[:4]} with"
+    print(f"verify: {label}: the whole queue", file=sys.stderr)
     started = time.monotonic()
     with prove.checkout(run.tree) as worktree:
-        session.outcome = prove.run_tests(
-            run.python, worktree, session.tests, run.engine, label
+        planned.with_fix = prove.run_tests(
+            run.python, worktree, subject.tests, run.engine, label
         )
-    session.seconds = time.monotonic() - started
+    planned.with_fix_seconds = time.monotonic() - started
 
 
 def _run_without_fix(run: BaseRun, planned: Planned) -> None:
@@ -258,7 +220,7 @@ def conclude(run: BaseRun, today: str) -> list[Row]:
     run.ledger.proofs = proofs
     run.ledger.environments = run.environments
     run.ledger.problems = []
-    if run.sessions:
+    if run.with_fix_seconds:
         run.ledger.with_fix_seconds = run.with_fix_seconds
     return rows
 
@@ -280,7 +242,8 @@ def _conclude_row(
     if not subject.tests:
         row.problem = "adds no test functions"
         return row, None
-    row.with_fix = run.with_fix_of(planned)
+    assert planned.with_fix is not None
+    row.with_fix = planned.with_fix
     recorded = planned.recorded
     if planned.why:
         assert planned.observed is not None
@@ -487,7 +450,7 @@ def _name(runs: list[BaseRun], planned: Planned) -> str:
 def timing(runs: list[BaseRun], wall: float, workers: int) -> str:
     """Where the test runs' seconds went, and the wall time they took."""
     with_fix = ", ".join(
-        f"{run.base.name} {run.with_fix_seconds:.0f} s" for run in runs if run.sessions
+        f"{run.base.name} {run.with_fix_seconds:.0f} s" for run in runs
     )
     proved = [p.seconds for run in runs for p in run.rows() if p.proves]
     return (

@@ -258,19 +258,3 @@ def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
     assert _plan(project)["0001"] == "no row in the ledger"
     [problem] = [p for p in ledger.stale(project.base) if "edited by hand" in p]
     assert queue[0] in problem and "run `make verify" in problem
-
-
-def test_a_bases_tests_run_in_sessions_of_about_equal_length_in_queue_order():
-    def planned(name: str, seconds: float | None) -> verify.Planned:
-        subject = ledger.Subject(None, "", [f"tests/{name}.py::test"], "", "")
-        recorded = None
-        if seconds is not None:
-            recorded = ledger.Proof(name, None, "", Outcome(), Outcome(), "", seconds)
-        return verify.Planned(subject, None, recorded, "")
-
-    rows = [planned("a", 100), planned("b", 500), planned("c", 300), planned("d", None)]
-    sessions = verify.sessions_for(rows, 2)
-    names = [[p.subject.tests[0][6] for p in s.rows] for s in sessions]
-    assert names == [["a", "b"], ["c", "d"]]  # the longest first, each to the emptier
-    assert [s.estimate for s in sessions] == [600, 300 + verify.UNKNOWN_SECONDS]
-    assert verify.sessions_for(rows[:1], 2) == [verify.Session(rows[:1])]
