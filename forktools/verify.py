@@ -303,7 +303,9 @@ def _judge(with_fix: Outcome, without: Outcome) -> str:
 
 def _judge_with(with_fix: Outcome) -> str:
     if with_fix.errors or with_fix.failed or not with_fix.passed:
-        failed = ", ".join(f"{n}: {f[:200]}" for n, f in with_fix.failures.items())
+        failed = ", ".join(
+            f"{n}: {f.splitlines()[0][:200]}" for n, f in with_fix.failures.items()
+        )
         return (
             f"with the fix: {with_fix.failed} failed{': ' + failed if failed else ''}"
             f"; {'; '.join(with_fix.errors)}"
