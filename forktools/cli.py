@@ -43,7 +43,7 @@ def cmd_check(args) -> int:
 
     found = []
     for base in _bases(args):
-        if args.here and not materialize.is_current(base):
+        if getattr(args, "here", False) and not materialize.is_current(base):
             print(
                 f"check: {base.name}: not checked, its tree is not built for this "
                 f"queue (make check BASE={base.name} builds it)",
@@ -211,6 +211,7 @@ def cmd_test(args) -> int:
         if stage() != 0:
             failed.append(name)
         minutes.append(f"{name} {(time.monotonic() - started) / 60:.1f}")
+        print(f"== {name}: {minutes[-1].rsplit(' ', 1)[1]} min", flush=True)
         if name == "environments" and failed:
             break
     print(f"\nfailed: {', '.join(failed)}" if failed else "")

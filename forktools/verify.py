@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools import ledger, materialize, prove, venv
+from forktools import ledger, materialize, prove, queue, venv
 from forktools.ledger import Ledger, Proof, Subject
 from forktools.pins import Base, ForkError
 from forktools.prove import ASSERTIONS, Outcome, variant_of
@@ -413,7 +413,7 @@ def main(
         materialize.refuse_if_unexported(
             materialize.ensure(base), f"verify {base.name}"
         )
-    runs = [prepare(base, fresh) for base in bases]
+    runs = [prepare(base, fresh) for base in bases if queue.entries(base)]
     for run in runs:
         for planned in run.rows():
             if planned.why:

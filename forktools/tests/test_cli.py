@@ -160,3 +160,10 @@ def test_check_here_downloads_and_builds_nothing(project, capsys):
     (project.tree / "vllm/core.py").write_text("edited\n")
     assert cli.main(["check", "--here"]) == 1
     assert "unexported edit in vllm/core.py" in capsys.readouterr().err
+
+
+def test_make_test_passes_its_arguments_to_every_stage(project, capsys):
+    args = cli.parser().parse_args(["test"])
+    assert cli.cmd_check(args) == 0
+    assert cli.cmd_verify(args) == 0
+    assert "every queue is empty" in capsys.readouterr().out
