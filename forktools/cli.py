@@ -159,7 +159,7 @@ def _environments(bases: list[pins.Base]) -> list[Path]:
     install keeps about one core busy); the bases' test Pythons."""
     import concurrent.futures
 
-    from forktools import venv
+    from forktools import venv, verify
 
     def test_environment(base: pins.Base) -> Path:
         materialize.ensure(base)
@@ -169,7 +169,7 @@ def _environments(bases: list[pins.Base]) -> list[Path]:
         return python
 
     own_engines = [b for b in bases if b.engine and not b.engine.kernels_only]
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(verify.default_jobs()) as pool:
         # An engine of its own takes as long as a test environment: start it
         # first, beside them, rather than after its base's.
         engines = [pool.submit(venv.ensure_engine, base) for base in own_engines]
@@ -210,8 +210,9 @@ def cmd_test(args) -> int:
         started = time.monotonic()
         if stage() != 0:
             failed.append(name)
-        minutes.append(f"{name} {(time.monotonic() - started) / 60:.1f}")
-        print(f"== {name}: {minutes[-1].rsplit(' ', 1)[1]} min", flush=True)
+        took = f"{(time.monotonic() - started) / 60:.1f}"
+        print(f"== {name}: {took} min", flush=True)
+        minutes.append(f"{name} {took}")
         if name == "environments" and failed:
             break
     print(f"\nfailed: {', '.join(failed)}" if failed else "")

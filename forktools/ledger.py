@@ -108,14 +108,12 @@ class Ledger:
     proofs: dict[str, Proof]
     # The locked set of each environment the proofs ran in, by role.
     environments: dict[str, list[str]]
-    with_fix_seconds: float = 0.0
     # Rows dropped on load because their key is not their inputs' digest.
     problems: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {
             "base": self.base,
-            "with_fix_seconds": round(self.with_fix_seconds),
             "environments": self.environments,
             "rows": [proof.to_json() for proof in self.proofs.values()],
         }
@@ -137,7 +135,6 @@ def load(base: Base) -> Ledger:
             data["base"],
             {proof.patch: proof for proof in proofs},
             data["environments"],
-            float(data["with_fix_seconds"]),
         )
     except (ValueError, KeyError, TypeError) as error:
         raise ForkError(
@@ -156,7 +153,7 @@ def load(base: Base) -> Ledger:
 
 def save(base: Base, ledger: Ledger) -> Path:
     file = path(base)
-    file.write_text(json.dumps(ledger.to_json(), indent=1, sort_keys=False) + "\n")
+    file.write_text(json.dumps(ledger.to_json(), indent=1) + "\n")
     return file
 
 
@@ -249,3 +246,10 @@ def _short(value) -> str:
     if isinstance(value, tuple):
         return f"{len(value)} test(s)"
     return str(value)[:KEY_SHOWN]
+
+
+def current_proof(base: Base, patch: str) -> Proof | None:
+    """The ledger's row of ``patch``, if the ledger is current (as ``make
+    check`` tells, the environment aside)."""
+    proof = load(base).proofs.get(patch)
+    return None if proof is None or stale(base) else proof

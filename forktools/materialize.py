@@ -193,11 +193,11 @@ def pristine_here(base: Base) -> Path | None:
 def pristine(base: Base) -> Path:
     """The base's pristine tree (sdist committed, wheel files laid), shared by
     every clone through the download cache; built once per pinned artifacts."""
+    here = pristine_here(base)
+    if here is not None:
+        return here
     path = pristine_path(base)
-    key = path.name
-    if (path / ".git" / WHEEL_MANIFEST).exists():
-        return path
-    lock = download.lock_file(f"pristine-{key}")
+    lock = download.lock_file(f"pristine-{path.name}")
     with locks.held(lock, f"to build the {base.name} pristine tree"):
         if not path.is_dir():
             _build_pristine(base, path)

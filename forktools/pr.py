@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import git, ledger, materialize, pins, queue, upstream, verify
+from forktools import git, ledger, materialize, pins, queue, upstream
 from forktools.ledger import Proof
 from forktools.pins import Base, ForkError
 
@@ -90,7 +90,10 @@ def body(base: Base, number: int) -> str:
     """The pull-request body: the message's purpose, then how it was tested
     (its proof ledger row; a note to run ``make verify`` where it has none)."""
     entry = _entry(base, number)
-    row = verify.saved_proof(base, entry.name)
+    return _body(base, entry, ledger.current_proof(base, entry.name))
+
+
+def _body(base: Base, entry: queue.Entry, row: Proof | None) -> str:
     return "\n".join(
         [
             "## Purpose",
@@ -203,7 +206,8 @@ def prepare(base: Base, number: int) -> Submission:
         old.unlink()
     written = git.out(tree, *queue.FORMAT_PATCH, "-o", str(directory), "-1", commit)
     patch = Path(written)
-    (directory / "PR.md").write_text(body(base, number))
+    proof = ledger.current_proof(base, entry.name)
+    (directory / "PR.md").write_text(_body(base, entry, proof))
     return Submission(
         directory=directory,
         patch=patch,
@@ -211,7 +215,7 @@ def prepare(base: Base, number: int) -> Submission:
         branch=branch,
         tree=tree,
         signed_off_by=who,
-        verified=verify.saved_proof(base, entry.name) is not None,
+        verified=proof is not None,
         newest=applies_to_newest(base, patch),
     )
 

@@ -160,7 +160,7 @@ def jobs_for(runs: list[BaseRun]) -> list[Job]:
     """Every test run, longest expected first. Each row's tests run in a
     session of their own, with every fix and without the row's: the same
     tests, only the tree differs; and one row's tests cannot leave another's
-    a process-wide state (a warn-once already spent, a config changed)."""
+    a process-wide state (vLLM's logging changed, a config set)."""
     jobs = []
     for run in runs:
         for planned in run.rows():
@@ -176,28 +176,37 @@ def jobs_for(runs: list[BaseRun]) -> list[Job]:
 
 
 def _run_with_fix(run: BaseRun, planned: Planned) -> None:
-    subject = planned.subject
-    label = f"{run.base.name} {subject.entry.name[:4]} with"
-    print(f"verify: {label}: the whole queue", file=sys.stderr)
-    started = time.monotonic()
-    with prove.checkout(run.tree) as worktree:
-        planned.with_fix = prove.run_tests(
-            run.python, worktree, subject.tests, run.engine, label
-        )
-    planned.with_fix_seconds = time.monotonic() - started
+    print(f"verify: {_label(run, planned, 'with')}: the whole queue", file=sys.stderr)
+    planned.with_fix, planned.with_fix_seconds = _run(run, planned, "with")
 
 
 def _run_without_fix(run: BaseRun, planned: Planned) -> None:
-    subject = planned.subject
-    label = f"{run.base.name} {subject.entry.name[:4]} without"
     doing = "auditing" if planned.audited else f"proving ({planned.why})"
-    print(f"verify: {label}: {doing}; {subject.undone_by}", file=sys.stderr)
+    said = f"{doing}; {planned.subject.undone_by}"
+    print(f"verify: {_label(run, planned, 'without')}: {said}", file=sys.stderr)
+    tree_id = planned.subject.tree_without_fix
+    planned.observed, planned.seconds = _run(run, planned, "without", tree_id)
+
+
+def _label(run: BaseRun, planned: Planned, half: str) -> str:
+    return f"{run.base.name} {planned.subject.entry.name[:4]} {half}"
+
+
+def _run(
+    run: BaseRun, planned: Planned, half: str, tree_id: str | None = None
+) -> tuple[Outcome, float]:
+    """The row's tests in a checkout of ``tree_id`` (default: the whole
+    queue), and the seconds they took."""
     started = time.monotonic()
-    with prove.checkout(run.tree, subject.tree_without_fix) as worktree:
-        planned.observed = prove.run_tests(
-            run.python, worktree, subject.tests, run.engine, label
+    with prove.checkout(run.tree, tree_id) as worktree:
+        outcome = prove.run_tests(
+            run.python,
+            worktree,
+            planned.subject.tests,
+            run.engine,
+            _label(run, planned, half),
         )
-    planned.seconds = time.monotonic() - started
+    return outcome, time.monotonic() - started
 
 
 def execute(jobs: list[Job], workers: int) -> None:
@@ -220,8 +229,6 @@ def conclude(run: BaseRun, today: str) -> list[Row]:
     run.ledger.proofs = proofs
     run.ledger.environments = run.environments
     run.ledger.problems = []
-    if run.with_fix_seconds:
-        run.ledger.with_fix_seconds = run.with_fix_seconds
     return rows
 
 
@@ -459,10 +466,3 @@ def timing(runs: list[BaseRun], wall: float, workers: int) -> str:
         f"time: with every fix {with_fix or '-'}; without a fix {len(proved)} "
         f"run(s), {sum(proved):.0f} s; {wall:.0f} s on {workers} CPU(s)"
     )
-
-
-def saved_proof(base: Base, patch: str) -> Proof | None:
-    """The ledger's row of ``patch``, if the ledger is current (as ``make
-    check`` tells, the environment aside)."""
-    proof = ledger.load(base).proofs.get(patch)
-    return None if proof is None or ledger.stale(base) else proof
