@@ -3,7 +3,7 @@ PYTHON ?= python3
 BASE ?=
 # A variable the targets do not read (a typo, `base=` for `BASE=`) would be
 # ignored silently: name it instead.
-known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED PATCH TO PROBE ALL SMOKE FETCH
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED PATCH TO PROBE PORTED ALL SMOKE FETCH
 given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 # Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
 unknown_vars := $(filter-out $(known_vars) MAKEFLAGS VLLM_% PIP_% UV_%,$(given_vars))
@@ -57,8 +57,8 @@ test: ## everything CI runs: tooling tests, lint, check, verify
 pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body
 	$(forktools) pr $(base_arg) --patch $(PATCH)
 
-rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests), with a report
-	$(forktools) rebase --to $(TO) $(if $(PROBE),--probe-tests)
+rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests; PORTED=1 records a hand port), with a report
+	$(forktools) rebase --to $(TO) $(if $(PROBE),--probe-tests) $(if $(PORTED),--ported)
 
 bench: ## fork vs pristine costs, written to BENCHMARKS.md (VLLM_FORK_BENCH_INSTALL=0: quick)
 	$(forktools) bench $(base_arg)

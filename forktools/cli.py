@@ -103,7 +103,7 @@ def cmd_rebase(args) -> int:
     """Carry the newest queue onto a new upstream release, with a report."""
     from forktools import rebase
 
-    report = rebase.rebase(args.to, probe_tests=args.probe_tests)
+    report = rebase.rebase(args.to, probe_tests=args.probe_tests, ported=args.ported)
     print(report.read_text())
     return 0 if rebase.is_complete(report) else 1
 
@@ -308,6 +308,13 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="first run each fix's tests on the new release without it (builds "
         "its test environment); all passing drops the patch as already upstream",
+    )
+    sub.choices["rebase"].add_argument(
+        "--ported",
+        action="store_true",
+        help="the previous queue changed after this rebase and you ported the "
+        "change into the new queue by hand (and exported it): record that, so "
+        "the finished rebase counts as up to date again",
     )
     for name in ("verify", "test"):
         command = sub.choices[name]

@@ -34,6 +34,7 @@ from forktools.pins import Artifact, Base, ForkError
 
 REPORT_MD = "REBASE.md"
 REPORT_JSON = "rebase.json"
+PORTED_NOTE = "Later changes of"
 STATE = "vllm-fork-rebase.json"
 PREVIOUS = "previous"
 OUTCOMES = {
@@ -62,11 +63,17 @@ class Result:
 # --- entry point -----------------------------------------------------------
 
 
-def rebase(version: str, probe_tests: bool = False) -> Path:
-    """Rebase onto ``version``; returns the report. Idempotent once finished."""
+def rebase(version: str, probe_tests: bool = False, ported: bool = False) -> Path:
+    """Rebase onto ``version``; returns the report. Idempotent once finished.
+
+    With ``ported``, a finished rebase whose source queue changed since records
+    that the new queue carries the change (ported by hand) instead of refusing.
+    """
     version = _plain_version(version)
     pinned = pins.load()
     source = previous_queue(pinned, version)
+    if ported:
+        _record_port(source, f"v{version}")
     done = _finished_report(source, f"v{version}")
     if done:
         print(f"rebase: {done.relative_to(pins.ROOT)} is up to date; nothing to do")
@@ -74,7 +81,7 @@ def rebase(version: str, probe_tests: bool = False) -> Path:
     target = ensure_pinned(version, source)
     tree = materialize.tree_dir(target)
     state = _read_state(tree)
-    if state.get("from") == {"base": source.name, "queue": queue.patches_id(source)}:
+    if state.get("from") == _queue_state(source):
         results = _resume(tree, [Result(**r) for r in state["results"]])
     else:
         _refuse_existing_queue(target)
@@ -115,15 +122,54 @@ def _finished_report(source: Base, name: str) -> Path | None:
     report = json.loads(path.read_text())
     if not report["complete"]:
         return None
-    made_from = report["from"]
-    if made_from == {"base": source.name, "queue": queue.patches_id(source)}:
+    made_from = report.get("ported_from", report["from"])
+    if made_from == _queue_state(source):
         return path.with_name(REPORT_MD)
+    version = name.removeprefix("v")
     raise ForkError(
         f"patches/{name} was rebased from patches/{made_from['base']} (queue "
         f"{made_from['queue']}), which has changed since (now "
         f"{source.name}, queue {queue.patches_id(source)}). Port the change into "
-        f"the {name} tree and `make export BASE={name}`, or `git rm -r "
-        f"patches/{name}` and run the rebase again to replay it from scratch."
+        f"the {name} tree, `make export BASE={name}`, then `make rebase "
+        f"TO={version} PORTED=1` to record it; or `git rm -r patches/{name}` "
+        "and run the rebase again to replay it from scratch."
+    )
+
+
+def _queue_state(source: Base) -> dict[str, str]:
+    return {"base": source.name, "queue": queue.patches_id(source)}
+
+
+def _record_port(source: Base, name: str) -> None:
+    """Note in the finished report that its queue carries ``source``'s queue now."""
+    from forktools import check
+
+    path = pins.ROOT / "patches" / name / REPORT_JSON
+    if not path.exists() or not json.loads(path.read_text())["complete"]:
+        raise ForkError(
+            f"PORTED=1 records a port into a finished rebase; patches/{name} has "
+            f"none (no complete {REPORT_JSON}): run `make rebase TO="
+            f"{name.removeprefix('v')}` first"
+        )
+    problems = check.problems(pins.load().get(name))
+    if problems:
+        raise ForkError(
+            f"PORTED=1: patches/{name} is not the exported tree yet, so it cannot "
+            "carry the port:\n  " + "\n  ".join(problems)
+        )
+    report = json.loads(path.read_text())
+    report["ported_from"] = _queue_state(source)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    markdown_path = path.with_name(REPORT_MD)
+    kept = markdown_path.read_text().split(PORTED_NOTE)[0].rstrip("\n")
+    markdown_path.write_text(
+        f"{kept}\n\n{PORTED_NOTE} `patches/{source.name}` (queue "
+        f"{report['ported_from']['queue']}) were ported into this queue by hand.\n"
+    )
+    print(
+        f"rebase: patches/{name} carries patches/{source.name} (queue "
+        f"{report['ported_from']['queue']}) now, as ported by hand",
+        file=sys.stderr,
     )
 
 
@@ -242,7 +288,7 @@ def _read_state(tree: Path) -> dict:
 
 def _write_state(tree: Path, source: Base, results: list[Result]) -> None:
     state = {
-        "from": {"base": source.name, "queue": queue.patches_id(source)},
+        "from": _queue_state(source),
         "results": [asdict(r) for r in results],
     }
     (tree / ".git" / STATE).write_text(json.dumps(state, indent=2) + "\n")
@@ -543,7 +589,7 @@ def _write_report(
 ) -> Path:
     target.patch_dir.mkdir(parents=True, exist_ok=True)
     data = {
-        "from": {"base": source.name, "queue": queue.patches_id(source)},
+        "from": _queue_state(source),
         "to": {"base": target.name, "sdist": target.sdist.file},
         "complete": complete,
         "patches": [

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from forktools import cli, export, materialize, pins, rebase, venv
+from forktools import cli, export, materialize, pins, queue, rebase, venv
 from forktools.pins import ForkError
 
 from . import conftest
@@ -218,8 +218,36 @@ def test_changed_source_queue_stops_a_rerun(project):
     publish(project.index, NEW, SHIFTED)
     rebase.rebase(NEW)
     _queue(project, ("vllm/core.py", "return 11\n", "return 111\n"))
-    with pytest.raises(ForkError, match="has changed since"):
+    with pytest.raises(ForkError, match="has changed since.*PORTED=1"):
         rebase.rebase(NEW)
+
+
+def test_a_recorded_port_makes_the_rebase_current_again(project):
+    _queue(project, ("vllm/core.py", "return 10\n", "return 100\n"))
+    publish(project.index, NEW, SHIFTED)
+    rebase.rebase(NEW)
+    _queue(project, ("vllm/core.py", "return 11\n", "return 111\n"))
+    report = rebase.rebase(NEW, ported=True)
+    assert "were ported into this queue by hand" in report.read_text()
+    made = json.loads(report.with_name(rebase.REPORT_JSON).read_text())
+    assert made["ported_from"]["queue"] == queue.patches_id(project.base)
+    tree = project.root / ".fork" / "trees" / f"v{NEW}"
+    before = _files(project.root), git(tree, "rev-parse", "HEAD")
+    assert cli.main(["rebase", "--to", NEW]) == 0
+    assert (_files(project.root), git(tree, "rev-parse", "HEAD")) == before
+
+
+def test_a_port_is_not_recorded_into_an_unexported_queue(project):
+    _queue(project, ("vllm/core.py", "return 10\n", "return 100\n"))
+    publish(project.index, NEW, SHIFTED)
+    rebase.rebase(NEW)
+    tree = project.root / ".fork" / "trees" / f"v{NEW}"
+    (tree / "vllm/core.py").write_text("edited\n")
+    report = project.root / "patches" / f"v{NEW}" / rebase.REPORT_JSON
+    before = report.read_text()
+    with pytest.raises(ForkError, match="(?s)not the exported tree.*unexported edit"):
+        rebase.rebase(NEW, ported=True)
+    assert report.read_text() == before
 
 
 def test_published_hash_mismatch_names_the_file_and_pins_nothing(project):
