@@ -12,14 +12,14 @@ from setuptools import find_packages, setup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forktools import download, materialize, pins, wheelmeta  # noqa: E402
+from forktools import materialize, pins  # noqa: E402
 from forktools.pins import ForkError  # noqa: E402
 
 try:
     base = pins.load().get()
     materialize.ensure(base)
     materialize.select(base)
-    wheel = wheelmeta.read(download.fetch(base.wheel_for_this_machine()))
+    wheel = materialize.wheel_metadata(base)
 except ForkError as e:
     sys.exit(f"vllm-fork: error: {e}")
 

@@ -16,6 +16,7 @@ extensions, headers for JIT builds: hundreds of MB) are hard-linked.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import json
 import os
@@ -27,7 +28,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from forktools import download, git, locks, pins, queue
+from forktools import download, git, locks, pins, queue, wheelmeta
 from forktools.pins import Base, ForkError, sha256_of
 
 SDIST_PARTS = ("vllm/", "tests/", "pyproject.toml")
@@ -194,14 +195,14 @@ def pristine(base: Base) -> Path:
     """The base's pristine tree (sdist committed, wheel files laid), shared by
     every clone through the download cache; built once per pinned artifacts."""
     here = pristine_here(base)
-    if here is not None:
+    if here is not None and "metadata" in wheel_manifest(here):
         return here
     path = pristine_path(base)
     lock = download.lock_file(f"pristine-{path.name}")
     with locks.held(lock, f"to build the {base.name} pristine tree"):
         if not path.is_dir():
             _build_pristine(base, path)
-        if not (path / ".git" / WHEEL_MANIFEST).exists():  # built by older tooling
+        if "metadata" not in wheel_manifest(path):  # built by older tooling
             write_wheel_manifest(path, download.fetch(base.wheel_for_this_machine()))
     return path
 
@@ -306,11 +307,33 @@ def write_wheel_manifest(tree: Path, wheel: Path) -> None:
     manifest = {
         "wheel": str(wheel),
         "sha256": {name: sha256_of(tree / name) for name in copied},
+        "metadata": dataclasses.asdict(wheelmeta.read(wheel)),
     }
-    path = tree / ".git" / WHEEL_MANIFEST
-    partial = path.with_name(f"{path.name}.{os.getpid()}")
-    partial.write_text(json.dumps(manifest, indent=1) + "\n")
-    partial.replace(path)
+    replace_atomically(tree / ".git" / WHEEL_MANIFEST, json.dumps(manifest, indent=1))
+
+
+def replace_atomically(path: Path, text: str) -> None:
+    """Write ``path`` through a file of this writer's own beside it: readers
+    see the old or the new text, never part of it, whoever else writes."""
+    handle, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text + "\n")
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
+def wheel_metadata(base: Base) -> wheelmeta.WheelMetadata:
+    """The upstream wheel's metadata, as recorded when the selected tree's
+    pristine tree was laid from the verified wheel; read from the wheel (hashed
+    again) where an older manifest lacks it."""
+    recorded = wheel_manifest(tree_dir(base)).get("metadata")
+    if recorded:
+        return wheelmeta.WheelMetadata(**recorded)
+    return wheelmeta.read(download.fetch(base.wheel_for_this_machine()))
 
 
 def wheel_files(tree: Path) -> list[str]:

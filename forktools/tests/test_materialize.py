@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from forktools import check, export, git, materialize, pins
+from forktools import check, download, export, git, materialize, pins, wheelmeta
 from forktools.pins import ForkError
 
 from .conftest import WHEEL_FILES, _wheel
@@ -28,6 +28,20 @@ def test_second_tree_reuses_the_pristine_tree(project, monkeypatch):
     assert git.out(tree, "remote") == ""
     assert (tree / "vllm" / "_C.abi3.so").stat().st_nlink == 2
     assert materialize.unexported(tree) == []
+
+
+def test_a_built_tree_declares_the_wheels_metadata_without_hashing_it_again(
+    project, monkeypatch
+):
+    materialize.build(project.base)
+    expected = wheelmeta.read(project.wheel)
+
+    def no_fetch(artifact):
+        raise AssertionError(f"{artifact.file} was fetched and hashed again")
+
+    monkeypatch.setattr(download, "fetch", no_fetch)
+    assert materialize.wheel_metadata(project.base) == expected
+    assert not list(materialize.pristine(project.base).glob(".git/.*.json.*"))
 
 
 def test_the_shared_pristine_tree_is_readable_by_all_and_a_killed_build_is_cleaned(
