@@ -103,20 +103,23 @@ def digests(base: Base) -> dict[str, str]:
 
 
 def apply(base: Base, tree: Path) -> None:
-    """Apply the queue on ``tree`` one patch at a time, naming any that fails."""
-    for entry in entries(base):
-        patch = base.patch_dir / entry.name
-        result = git.run(
-            tree,
-            "am",
-            "--keep-non-patch",
-            "--committer-date-is-author-date",
-            str(patch),
-            check=False,
-        )
-        if result.returncode != 0:
-            git.run(tree, "am", "--abort", check=False)
-            raise ForkError(_am_failure(base, entry.name, result.stderr))
+    """Apply the queue on ``tree`` in one ``git am``, naming any patch that fails."""
+    names = [entry.name for entry in entries(base)]
+    if not names:
+        return
+    before = git.out(tree, "rev-parse", "HEAD")
+    result = git.run(
+        tree,
+        "am",
+        "--keep-non-patch",
+        "--committer-date-is-author-date",
+        *(str(base.patch_dir / name) for name in names),
+        check=False,
+    )
+    if result.returncode != 0:
+        applied = int(git.out(tree, "rev-list", "--count", f"{before}..HEAD"))
+        git.run(tree, "am", "--abort", check=False)
+        raise ForkError(_am_failure(base, names[applied], result.stderr))
 
 
 def _am_failure(base: Base, name: str, stderr: str) -> str:

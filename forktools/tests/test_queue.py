@@ -125,6 +125,20 @@ def test_patch_that_no_longer_applies_is_named_with_its_file(project):
     assert "return 33" in (project.tree / "vllm/core.py").read_text()
 
 
+def test_of_two_patches_the_one_that_no_longer_applies_is_named(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    text = (project.tree / "vllm/core.py").read_text()
+    project.commit("vllm/core.py", text.replace("return 33\n", "return 34\n"), FIX)
+    first, second = export.export(project.base)
+    patch = project.base.patch_dir / second
+    patch.write_text(patch.read_text().replace("-    return 33\n", "-    return 35\n"))
+    with pytest.raises(ForkError) as error:
+        materialize.build(project.base)
+    assert f"patches/{BASE}/{second} no longer applies" in str(error.value)
+    assert first not in str(error.value)
+
+
 def test_check_flags_hand_edited_patch(project):
     materialize.ensure(project.base)
     _fix(project)
