@@ -27,7 +27,7 @@ from pathlib import Path
 
 from forktools import materialize, venv
 from forktools.pins import Base, ForkError
-from forktools.verify import HARNESS
+from forktools.prove import HARNESS
 
 SCRIPT = Path(__file__).with_name("engine_run.py")
 AOT_LOADED = "Directly load AOT compilation from path"

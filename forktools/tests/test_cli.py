@@ -167,3 +167,19 @@ def test_make_test_passes_its_arguments_to_every_stage(project, capsys):
     assert cli.cmd_check(args) == 0
     assert cli.cmd_verify(args) == 0
     assert "every queue is empty" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "module",
+    sorted(
+        path.stem
+        for path in (ROOT / "forktools").glob("*.py")
+        if path.stem not in {"__init__", "__main__"}
+    ),
+)
+def test_every_tooling_module_imports(module):
+    """A command whose module does not import fails only when somebody runs
+    it, perhaps once a release (``make bench``); catch that here."""
+    subprocess.run(
+        [sys.executable, "-c", f"import forktools.{module}"], cwd=ROOT, check=True
+    )
