@@ -539,10 +539,16 @@ def uv_install_time(bases: list[Base]) -> list[Row]:
 
     As for pip, in fresh venvs made by ``uv venv``, with the pinned uv. uv
     hard-links from its own cache, so an install with a warm cache is quick
-    and the fork's fixed costs (materializing its tree, building the editable
-    wheel, fetching the pinned wheel through uv) weigh more: the pristine
-    install runs once unmeasured first, so that both measured runs find the
-    cache warm.
+    and the fork's fixed costs weigh more: the pristine install runs once
+    unmeasured first, so that both measured runs find the cache warm. Where
+    the fork's extra seconds go (``uv pip install -v``, timestamped, v0.33.0,
+    2026-12-05): resolving (2.4 s) and linking (0.4-0.8 s) cost what they cost
+    pristine; materializing the tree in the fresh clone costs 1.6-3.3 s (the
+    checkout of 6,225 source files from the shared pristine tree, 0.7-2.2 s,
+    then ``git am`` of the queue, 0.2 s); setuptools runs ``setup.py`` three
+    times, 0.25 s each; the editable wheel takes 0.3-0.5 s. So the ratio
+    cannot reach 1.2 while a fresh clone writes its tree: 1.2 leaves the fork
+    0.6 s, less than the checkout alone.
     """
     figure = "uv pip install -e . / uv pip install vllm"
     return _install_rows(bases, 5, figure, uv=True)
