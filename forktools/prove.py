@@ -68,27 +68,6 @@ class Outcome:
         outcomes = [o for n, o in self.calls.items() if variant_of(n) == variant]
         return outcomes.count("passed"), outcomes.count("failed")
 
-    def of_tests(self, nodeids: list[str]) -> Outcome:
-        """The part of this outcome that belongs to ``nodeids`` (test
-        functions, each standing for all of its parametrized cases)."""
-
-        def ours(nodeid: str) -> bool:
-            return any(
-                nodeid == test
-                or nodeid.startswith(f"{test}[")
-                or test.startswith(f"{nodeid}::")
-                for test in nodeids
-            )
-
-        errors = [e for e in self.errors if ours(e.split(" ", 1)[0])]
-        if not self.calls and not errors:
-            errors = list(self.errors)
-        return Outcome(
-            {n: o for n, o in self.calls.items() if ours(n)},
-            {n: f for n, f in self.failures.items() if ours(n)},
-            errors,
-        )
-
     def facts(self) -> dict:
         """What must be observed again for the same inputs: each case's
         outcome, each failure's exception type, each error. Messages are
@@ -248,7 +227,7 @@ def run_tests(
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         env = dict(
-            os.environ,
+            caller_environment(),
             VLLM_TARGET_DEVICE="cpu",
             PYTHONPATH=os.pathsep.join([str(tree), str(HARNESS)]),
             VLLM_FORK_REPORT=str(report),
@@ -272,6 +251,20 @@ def run_tests(
         _run_labelled(command, tree, env, f"[{label}] " if label else "")
         records = json.loads(report.read_text()) if report.exists() else []
     return summarize(records)
+
+
+# Settings a caller's shell may hold that change what the tests observe. The
+# ledger's key does not hold them, so the tests must not see them either.
+CALLER_SETTINGS = ("VLLM_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_", "PYTORCH_")
+
+
+def caller_environment() -> dict[str, str]:
+    """This process's environment without the settings of CALLER_SETTINGS."""
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(CALLER_SETTINGS)
+    }
 
 
 def summarize(records: list[dict]) -> Outcome:

@@ -57,17 +57,15 @@ def test_summarize_keeps_each_failure_and_phase_error():
     assert outcome.errors == ["b failed in setup (KeyError)"]
 
 
-def test_a_session_outcome_splits_into_each_rows_part():
-    session = Outcome(
-        {"t.py::test_a[x]": "passed", "t.py::test_ab": "failed", "u.py::test_c": "passed"},
-        {"t.py::test_ab": "AssertionError: no"},
-        ["u.py::test_c failed in teardown (OSError)", "v.py error in collect (None)"],
-    )
-    mine = session.of_tests(["t.py::test_a", "v.py::test_d"])
-    assert mine.calls == {"t.py::test_a[x]": "passed"}
-    assert mine.failures == {}
-    assert mine.errors == ["v.py error in collect (None)"]
-    assert session.of_tests(["u.py::test_c"]).errors == [session.errors[0]]
+def test_test_runs_do_not_see_the_callers_compile_settings(monkeypatch):
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    monkeypatch.setenv("VLLM_FORK_ENGINE_PYTHON", "/stale")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    kept = prove.caller_environment()
+    assert "LANG" in kept
+    assert not {"VLLM_USE_AOT_COMPILE", "TORCHINDUCTOR_CACHE_DIR"} & kept.keys()
+    assert "VLLM_FORK_ENGINE_PYTHON" not in kept
 
 
 def test_variant_is_the_first_parametrization_id():
