@@ -29,7 +29,39 @@ def problems(base: Base) -> list[str]:
     if not found:
         found += _round_trip(base, tree)
     found += _applies_alone(base, tree)
+    found += _without_fix_diffs(base)
     return found
+
+
+def _without_fix_diffs(base: Base) -> list[str]:
+    """A without-fix diff puts a listed patch's bug back in the sources; the
+    tests it is to fail stay as the patch has them."""
+    listed = {entry.name for entry in queue.entries(base)}
+    found = []
+    for diff in sorted((base.patch_dir / "verify").glob("*.without-fix.diff")):
+        where = f"patches/{base.name}/verify/{diff.name}"
+        patch = diff.name.removesuffix(".without-fix.diff")
+        if patch not in listed:
+            found.append(
+                f"{where}: series lists no {patch}; rename the diff after the "
+                "patch whose bug it puts back, or remove it"
+            )
+        tests = sorted(path for path in touched(diff) if path.startswith("tests/"))
+        if tests:
+            found.append(
+                f"{where} changes tests ({', '.join(tests)}): it must put the "
+                "bug back in the sources and leave the tests as the patch has them"
+            )
+    return found
+
+
+def touched(diff: Path) -> list[str]:
+    """The files a unified diff changes, by their new (or old) path."""
+    paths: dict[str, None] = {}
+    for line in diff.read_text().splitlines():
+        if line.startswith(("--- a/", "+++ b/")):
+            paths[line[6:].split("\t")[0]] = None
+    return list(paths)
 
 
 def _round_trip(base: Base, tree: Path) -> list[str]:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools import ledger, materialize, prove, queue, venv
+from forktools import check, ledger, materialize, pins, prove, queue, venv
 from forktools.ledger import Ledger, Proof, Subject
 from forktools.pins import Base, ForkError
 from forktools.prove import ASSERTIONS, Outcome, variant_of
@@ -359,7 +359,15 @@ def table(rows: list[Row]) -> str:
             )
         )
         lines += _variant_lines(row)
+        if row.undone_by.startswith("applied "):
+            lines.append(("", f"  puts back: {_put_back(row.undone_by)}", *[""] * 5))
     return render(lines)
+
+
+def _put_back(undone_by: str) -> str:
+    """The sources a test-only row's without-fix diff changes."""
+    diff = pins.ROOT / undone_by.removeprefix("applied ")
+    return ", ".join(check.touched(diff)) if diff.exists() else "?"
 
 
 def shared_variants(nodeids: list[str]) -> list[str]:

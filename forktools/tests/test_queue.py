@@ -168,6 +168,31 @@ def test_check_flags_a_missing_series_and_unlisted_patches(project):
     ]
 
 
+def test_check_flags_a_without_fix_diff_that_changes_tests_or_names_no_patch(
+    project,
+):
+    materialize.ensure(project.base)
+    _fix(project)
+    [name] = export.export(project.base)
+    verify = project.base.patch_dir / "verify"
+    verify.mkdir()
+    (verify / f"{name}.without-fix.diff").write_text(
+        "--- a/tests/test_core.py\n+++ b/tests/test_core.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    (verify / "0009-Gone.patch.without-fix.diff").write_text(
+        "--- a/vllm/core.py\n+++ b/vllm/core.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    where = f"patches/{project.base.name}/verify"
+    assert check.problems(project.base) == [
+        f"{where}/{name}.without-fix.diff changes tests (tests/test_core.py): it "
+        "must put the bug back in the sources and leave the tests as the patch "
+        "has them",
+        f"{where}/0009-Gone.patch.without-fix.diff: series lists no "
+        "0009-Gone.patch; rename the diff after the patch whose bug it puts "
+        "back, or remove it",
+    ]
+
+
 def test_files_that_tests_leave_are_not_edits(project):
     materialize.ensure(project.base)
     for left in (".hypothesis/examples/ab/cd", "tests/.pytest_cache/v/x", "vllm/__pycache__/core.pyc"):

@@ -172,6 +172,7 @@ def test_a_first_verify_proves_every_row_and_a_second_reuses_them(
     assert verify.main([project.base], 2, audit=0) == 0
     out = capsys.readouterr().out
     assert out.count("reused (key ") == 3 and "proved in" not in out
+    assert "  puts back: vllm/core.py" in out
     assert ledger.stale(project.base) == []
 
 
