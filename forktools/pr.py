@@ -9,16 +9,20 @@ domain (the maintainers' alias) is no person's, so DCO cannot take it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import git, ledger, materialize, pins, queue, upstream
+from forktools import git, ledger, materialize, pins, prove, queue, upstream, venv
 from forktools.ledger import Proof
 from forktools.pins import Base, ForkError
+from forktools.prove import Outcome
 
 # Reserved for examples and tests (RFC 2606, RFC 6761): nobody receives mail there.
 MADE_UP_DOMAIN = re.compile(
@@ -33,6 +37,8 @@ _APPLY_FAILURE = re.compile(
     r"(?:patch does not apply|does not exist in index|already exists in index))",
     re.MULTILINE,
 )
+FORK_STATUS_PARAGRAPH = "Upstream status:"
+REPORT_PLUGIN = "vllm_fork_report"
 _OFFSET = re.compile(r"^Hunk #\d+ succeeded at \d+ \(offset (-?\d+) lines?\)", re.M)
 
 
@@ -55,6 +61,7 @@ class Submission:
     signed_off_by: Identity
     verified: bool
     newest: str  # whether the patch applies to the newest pinned release
+    alone: str  # its tests on the pristine release with it, and without its fix
 
 
 def submitter() -> Identity:
@@ -86,14 +93,28 @@ def title(base: Base, number: int) -> str:
     return _entry(base, number).subject(base)
 
 
-def body(base: Base, number: int) -> str:
-    """The pull-request body: the message's purpose, then how it was tested
-    (its proof ledger row; a note to run ``make verify`` where it has none)."""
+@dataclass(frozen=True)
+class Alone:
+    """The patch's own tests on the pristine release with only this patch
+    applied, and with only its tests (the fix left out); no fork harness."""
+
+    with_fix: Outcome
+    without_fix: Outcome
+
+
+def body(base: Base, number: int, alone: Alone | None = None) -> str:
+    """The pull-request body: the message's purpose, then how it was tested:
+    the patch alone on the pristine release (``alone``), and the fork's proof
+    ledger row (a note to run ``make verify`` where it has none)."""
     entry = _entry(base, number)
-    return _body(base, entry, ledger.current_proof(base, entry.name))
+    return _body(base, entry, ledger.current_proof(base, entry.name), alone)
 
 
-def _body(base: Base, entry: queue.Entry, row: Proof | None) -> str:
+def _body(
+    base: Base, entry: queue.Entry, row: Proof | None, alone: Alone | None = None
+) -> str:
+    result = [_alone(base, alone)] if alone else []
+    result.append(_result(base, row) if row else _unverified(base))
     return "\n".join(
         [
             "## Purpose",
@@ -106,7 +127,7 @@ def _body(base: Base, entry: queue.Entry, row: Proof | None) -> str:
             "",
             "## Test Result",
             "",
-            _result(base, row) if row else _unverified(base),
+            "\n\n".join(result),
             "",
         ]
     )
@@ -136,12 +157,18 @@ def refuse_fork_only(base: Base, entry: queue.Entry) -> None:
 
 
 def _purpose(mail_body: str) -> str:
-    """The commit message body without its closing trailer block."""
+    """The commit message body without its closing trailer block and the
+    fork's own upstream-status paragraph."""
     message = mail_body.split("\n---\n", 1)[0].strip()
     paragraphs = message.split("\n\n")
     if upstream.trailers(message):
         paragraphs = paragraphs[:-1]
-    return "\n\n".join(paragraphs).strip()
+    return "\n\n".join(p for p in paragraphs if not _fork_status(p)).strip()
+
+
+def _fork_status(paragraph: str) -> bool:
+    """The fork's note of where upstream stands: upstream knows that itself."""
+    return paragraph.lstrip().startswith(FORK_STATUS_PARAGRAPH)
 
 
 def _plan(row: Proof) -> str:
@@ -174,8 +201,10 @@ def _result(base: Base, row: Proof) -> str:
     ]
     return "\n".join(
         [
-            f"On vLLM {base.version} (CPU), as recorded in the fork's proof "
-            f"ledger (`patches/{base.name}/{ledger.FILE}`, key `{row.key}`, "
+            f"The fork's evidence, on vLLM {base.version} (CPU) with its whole "
+            "patch queue applied and its CPU harness (stand-in schemas for the "
+            "CUDA ops), as recorded in its proof ledger "
+            f"(`patches/{base.name}/{ledger.FILE}`, key `{row.key}`, "
             f"proved {row.proved}):",
             "",
             f"- with the fix: {with_fix.passed}/{with_fix.total} passed",
@@ -188,6 +217,93 @@ def _result(base: Base, row: Proof) -> str:
             *failures,
         ]
     )
+
+
+def _alone(base: Base, alone: Alone) -> str:
+    if not alone.with_fix.total and not alone.with_fix.errors:
+        return "This patch adds no test functions of its own."
+    lines = [
+        f"On pristine vLLM {base.version} with only this patch applied, on CPU "
+        "(`VLLM_TARGET_DEVICE=cpu`), as upstream's CI would run it (no fork "
+        "harness):",
+        "",
+        f"- with the patch: {_summary(alone.with_fix, 'passed')}",
+        f"- its tests without its fix: {_summary(alone.without_fix, 'failed')}",
+    ]
+    if alone.with_fix.errors or alone.with_fix.failed:
+        lines += ["", "With the patch, here:", "", *_failures(alone.with_fix)]
+    lines += ["", "Without its fix:", "", *_failures(alone.without_fix)]
+    return "\n".join(lines)
+
+
+def _summary(outcome: Outcome, field: str) -> str:
+    kinds = ", ".join(sorted(outcome.failure_types))
+    text = f"{getattr(outcome, field)}/{outcome.total} {field}"
+    if field == "failed" and kinds:
+        text += f" ({kinds})"
+    if outcome.errors:
+        text += f"; {len(outcome.errors)} error(s): {outcome.errors[0]}"
+    return text
+
+
+def _failures(outcome: Outcome) -> list[str]:
+    return [
+        f"- `{nodeid}`: {failure.splitlines()[0][:300]}"
+        for nodeid, failure in outcome.failures.items()
+    ] + [f"- {error}" for error in outcome.errors]
+
+
+def run_alone(base: Base, tree: Path, commit: str) -> Alone:
+    """Run the tests ``commit`` (the patch on ``base``) adds on the pristine
+    release with the patch, then with only its test files."""
+    tests = prove.added_tests(tree, commit)
+    if not tests:
+        return Alone(Outcome(), Outcome())
+    with_fix = git.out(tree, "rev-parse", f"{commit}^{{tree}}")
+    tests_only = _tree_of_tests(tree, commit)
+    python = venv.ensure(base)
+    return Alone(
+        _run_plain(python, tree, with_fix, tests, "with the patch"),
+        _run_plain(python, tree, tests_only, tests, "its tests alone"),
+    )
+
+
+def _tree_of_tests(tree: Path, commit: str) -> str:
+    """The git tree of ``base`` with only the test files of ``commit``."""
+    diff = git.run(tree, "diff", "base", commit, "--", "tests").stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        index = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        git.run(tree, "read-tree", "base", env=index)
+        if diff:
+            git.run(tree, "apply", "--cached", env=index, input=diff)
+        return git.run(tree, "write-tree", env=index).stdout.strip()
+
+
+def _run_plain(
+    python: Path, tree: Path, tree_id: str, tests: list[str], label: str
+) -> Outcome:
+    """``tests`` in a checkout of the git tree ``tree_id``, with its sources
+    alone on the path: only the report plugin is added, from a directory of
+    its own, not the harness with its ``sitecustomize``."""
+    print(f"pr: running {len(tests)} test(s) {label}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp, prove.checkout(tree, tree_id) as path:
+        plugin = Path(tmp) / "plugin"
+        plugin.mkdir()
+        shutil.copy(prove.HARNESS / f"{REPORT_PLUGIN}.py", plugin)
+        report = Path(tmp) / "report.json"
+        env = dict(
+            prove.caller_environment(),
+            VLLM_TARGET_DEVICE="cpu",
+            PYTHONPATH=os.pathsep.join([str(path), str(plugin)]),
+            VLLM_FORK_REPORT=str(report),
+            VLLM_CACHE_ROOT=str(Path(tmp) / "vllm-cache"),
+            HF_HUB_OFFLINE="1",
+        )
+        command = [str(python), "-m", "pytest", "-p", REPORT_PLUGIN, "-q"]
+        command += ["-p", "no:cacheprovider", *tests]
+        prove._run_labelled(command, path, env, f"[pr {label}] ")
+        records = json.loads(report.read_text()) if report.exists() else []
+    return prove.summarize(records)
 
 
 def prepare(base: Base, number: int) -> Submission:
@@ -207,7 +323,8 @@ def prepare(base: Base, number: int) -> Submission:
     written = git.out(tree, *queue.FORMAT_PATCH, "-o", str(directory), "-1", commit)
     patch = Path(written)
     proof = ledger.current_proof(base, entry.name)
-    (directory / "PR.md").write_text(_body(base, entry, proof))
+    alone = run_alone(base, tree, commit)
+    (directory / "PR.md").write_text(_body(base, entry, proof, alone))
     return Submission(
         directory=directory,
         patch=patch,
@@ -217,6 +334,10 @@ def prepare(base: Base, number: int) -> Submission:
         signed_off_by=who,
         verified=proof is not None,
         newest=applies_to_newest(base, patch),
+        alone=(
+            f"with the patch {_summary(alone.with_fix, 'passed')}; its tests "
+            f"without its fix {_summary(alone.without_fix, 'failed')}"
+        ),
     )
 
 
@@ -278,6 +399,7 @@ def submission_message(subject: str, message_body: str, who: Identity) -> str:
     trailers = upstream.trailers(message_body)
     if trailers:
         paragraphs = paragraphs[:-1]
+    paragraphs = [p for p in paragraphs if not _fork_status(p)]
     kept = [line for line in trailers if not _fork_only(line)]
     sign_off = f"Signed-off-by: {who}"
     if sign_off not in kept:
@@ -324,6 +446,7 @@ def main(base: Base, number: int) -> int:
     print(f"{done.body.relative_to(root)}: the pull-request body")
     print(f"branch {done.branch} in {done.tree.relative_to(root)}: the same commit")
     print(f"newest pinned release: {done.newest}")
+    print(f"alone on pristine {base.name}: {done.alone}")
     author = git.out(done.tree, "log", "-1", "--format=%an <%ae>", done.branch)
     if f"Signed-off-by: {author}" not in done.patch.read_text():
         print(f"note: the author, {author}, has not signed off; DCO needs theirs too")

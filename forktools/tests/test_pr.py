@@ -63,7 +63,8 @@ def test_pr_body_comes_from_message_and_quotes_the_ledger_row(project, monkeypat
     assert pr.title(project.base, 1) == "[Bugfix][Core] Make layer 3 return 33"
     text = pr.body(project.base, 1)
     assert text.startswith("## Purpose\n\nLayer 3 returned 3")
-    assert "Upstream status: not upstream.\n\n## Test Plan" in text
+    assert "Upstream status" not in text
+    assert "The fork's evidence, on vLLM 9.9.9 (CPU) with its whole patch queue" in text
     assert "Signed-off-by" not in text and "Upstream-Status" not in text
     assert "    tests/test_layer_3.py::test_layer_3" in text
     assert f"key `{proof.key}`, proved {proof.proved}" in text
@@ -94,7 +95,7 @@ def test_submission_is_signed_off_by_the_submitter_and_applies(
     message = _git(clone, "log", "-1", "--format=%B").strip()
     assert message.startswith("[Bugfix][Core] Make layer 3 return 33\n")
     assert message.endswith(
-        f"Upstream status: not upstream.\n\n"
+        f"downstream.\n\n"
         f"Co-authored-by: Grace Hopper <grace@navy.mil>\nSigned-off-by: {ADA}"
     )
     assert _git(clone, "log", "-1", "--format=%an <%ae>|%cn <%ce>").strip() == (
@@ -109,6 +110,29 @@ def test_submission_is_signed_off_by_the_submitter_and_applies(
     assert f"signed off by {ADA}" in out
     assert f"newest pinned release: {project.base.name} is the newest" in out
     assert "gh pr create --title '[Bugfix][Core] Make layer 3 return 33'" in out
+
+
+def test_pr_runs_the_patchs_tests_alone_on_pristine_without_the_harness(
+    project, identity, monkeypatch, capsys
+):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+    test = (
+        "import os\n\n\ndef test_layer_3():\n    from vllm import core\n\n"
+        "    assert 'harness' not in os.environ['PYTHONPATH']\n"
+        "    assert core.layer_3() == 33\n"
+    )
+    name = _queue_of_one(project, test)
+    assert cli.main(["pr", "--base", project.base.name, "--patch", "1"]) == 0
+    directory = project.root / "pr" / project.base.name / name.removesuffix(".patch")
+    text = (directory / "PR.md").read_text()
+    assert (
+        "On pristine vLLM 9.9.9 with only this patch applied, on CPU" in text
+        and "- with the patch: 1/1 passed\n" in text
+        and "- its tests without its fix: 1/1 failed (AssertionError)\n" in text
+    ), text
+    out = capsys.readouterr().out
+    assert "alone on pristine v9.9.9: with the patch 1/1 passed; its tests" in out
 
 
 def test_fork_sign_off_and_status_stay_out_of_the_submission():
