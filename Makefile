@@ -3,7 +3,7 @@ PYTHON ?= python3
 BASE ?=
 # A variable the targets do not read (a typo, `base=` for `BASE=`) would be
 # ignored silently: name it instead.
-known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED PATCH TO PROBE PORTED ALL SMOKE FETCH
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH
 given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 # Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
 unknown_vars := $(filter-out $(known_vars) MAKEFLAGS VLLM_% PIP_% UV_%,$(given_vars))
@@ -33,8 +33,8 @@ check: ## fail when patches/ and the fork trees disagree, or a proof ledger is s
 status: ## table: base, patch, subject, upstream status, newer releases (FETCH=1: download what that needs)
 	$(forktools) status $(base_arg) $(if $(FETCH),--fetch)
 
-verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT=n rows proved again; JOBS=n)
-	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args)
+verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT=n rows proved again; JOBS=n; HUNKS=1 [PATCH=n]: each fix hunk reverted alone)
+	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args) $(if $(HUNKS),--hunks $(if $(PATCH),--patch $(PATCH)))
 
 lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)

@@ -67,8 +67,13 @@ def cmd_status(args) -> int:
 
 def cmd_verify(args) -> int:
     """Prove each commit's tests fail without it and pass with it."""
-    from forktools import verify
+    from forktools import hunks, verify
 
+    # make test runs this with its own arguments, which have no --hunks.
+    if getattr(args, "hunks", False):
+        return hunks.main(_bases(args), args.patch)
+    if getattr(args, "patch", None) is not None:
+        raise ForkError("--patch goes with --hunks (make verify HUNKS=1 PATCH=n)")
     return verify.main(
         _bases(args),
         args.jobs,
@@ -342,6 +347,18 @@ def parser() -> argparse.ArgumentParser:
             help="the seed that picks the audited rows (default: a random one, "
             "printed)",
         )
+    sub.choices["verify"].add_argument(
+        "--hunks",
+        action="store_true",
+        help="instead: for each fix patch, revert each of its source hunks alone "
+        "and run the patch's tests; names every hunk no test needs (a test run "
+        "per hunk; nothing is kept in the ledger)",
+    )
+    sub.choices["verify"].add_argument(
+        "--patch",
+        type=_positive,
+        help="with --hunks: only patch number N of the queue (1 = the first)",
+    )
     engine_env = sub.choices["engine-env"]
     engine_env.add_argument(
         "--smoke",

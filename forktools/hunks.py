@@ -1,0 +1,182 @@
+"""``make verify HUNKS=1``: which of a fix's hunks its tests need.
+
+For each source hunk of a fix patch, the patch's tests run on the whole queue
+with that hunk alone reverted. A hunk whose reversal fails no test is one no
+test needs: it gets a test, leaves the patch, or the patch's body says why it
+stays. Nothing is kept in the proof ledger: this runs on demand, its cost is
+a test run per hunk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from forktools import git, materialize, prove, queue, venv
+from forktools.pins import Base, ForkError
+from forktools.prove import Outcome
+from forktools.table import render
+
+_HUNK_HEADER = re.compile(
+    r"^@@ -\d+(?:,\d+)? \+(?P<line>\d+)(?:,\d+)? @@ ?(?P<scope>.*)$"
+)
+
+
+@dataclass(frozen=True)
+class Hunk:
+    path: str
+    line: int  # where the hunk starts in the fixed file
+    scope: str  # the enclosing definition, as git names it
+    patch: str  # a diff of this hunk alone
+
+    @property
+    def where(self) -> str:
+        scope = f" ({self.scope})" if self.scope else ""
+        return f"{self.path}:{self.line}{scope}"
+
+
+@dataclass
+class Need:
+    hunk: Hunk
+    outcome: Outcome | None = None
+    problem: str = ""
+    seconds: float = 0.0
+
+    @property
+    def needed(self) -> bool:
+        return self.outcome is not None and self.outcome.failed > 0
+
+
+def split(diff: str) -> list[Hunk]:
+    """Each hunk of a unified ``git diff`` as a diff of its own."""
+    hunks: list[Hunk] = []
+    header: list[str] = []
+    path = ""
+    current: list[str] = []
+    start, scope = 0, ""
+
+    def close() -> None:
+        if current:
+            text = "".join(header + current)
+            hunks.append(Hunk(path, start, scope, text))
+
+    for line in diff.splitlines(keepends=True):
+        if line.startswith("diff --git "):
+            close()
+            current, header = [], [line]
+            path = line.rstrip("\n").split(" b/", 1)[1]
+        elif match := _HUNK_HEADER.match(line.rstrip("\n")):
+            close()
+            current = [line]
+            start, scope = int(match["line"]), match["scope"].strip()
+        elif current:
+            current.append(line)
+        else:
+            header.append(line)
+    close()
+    return hunks
+
+
+def source_hunks(tree: Path, commit: str) -> list[Hunk]:
+    sources = prove.changed_sources(tree, commit)
+    if not sources:
+        return []
+    diff = git.run(tree, "diff", f"{commit}^", commit, "--", *sources).stdout
+    return split(diff)
+
+
+def tree_without(tree: Path, hunk: Hunk) -> str:
+    """The git tree of the whole queue with ``hunk`` alone reverted."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        git.run(tree, "read-tree", "HEAD", env=env)
+        applied = git.run(
+            tree,
+            "apply",
+            "--cached",
+            "--reverse",
+            check=False,
+            env=env,
+            input=hunk.patch,
+        )
+        if applied.returncode != 0:
+            raise ForkError(
+                f"{hunk.where} does not revert alone on the whole queue: "
+                f"{applied.stderr.strip()}"
+            )
+        return git.run(tree, "write-tree", env=env).stdout.strip()
+
+
+def main(bases: list[Base], patch: int | None = None) -> int:
+    """For each fix patch of ``bases`` (or patch number ``patch``), each hunk's
+    need; the table, and non-zero when a hunk no test needs is found."""
+    lines = [("base", "patch", "hunk", "tests failing without it", "needed")]
+    unneeded = 0
+    for base in bases:
+        tree = materialize.ensure(base)
+        materialize.refuse_if_unexported(tree, f"verify the hunks of {base.name}")
+        python, engine = venv.ensure(base), venv.ensure_engine(base)
+        commits = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
+        entries = list(zip(queue.entries(base), commits, strict=True))
+        if patch is not None:
+            if not 1 <= patch <= len(entries):
+                raise ForkError(f"patches/{base.name} has no patch #{patch}")
+            entries = [entries[patch - 1]]
+        for entry, commit in entries:
+            tests = prove.added_tests(tree, commit)
+            for need in _needs(tree, commit, tests, python, engine, entry.name):
+                unneeded += not need.needed
+                lines.append(_line(base, entry.name, need))
+    print(render(lines))
+    return 1 if unneeded else 0
+
+
+def _needs(tree, commit, tests, python, engine, name) -> list[Need]:
+    needs = []
+    hunks = source_hunks(tree, commit)
+    for number, hunk in enumerate(hunks, 1):
+        print(
+            f"hunks: {name[:4]} hunk {number}/{len(hunks)}: {hunk.where}",
+            file=sys.stderr,
+        )
+        need = Need(hunk)
+        if not tests:
+            need.problem = "the patch adds no tests"
+            needs.append(need)
+            continue
+        started = time.monotonic()
+        try:
+            with prove.checkout(tree, tree_without(tree, hunk)) as worktree:
+                need.outcome = prove.run_tests(
+                    python, worktree, tests, engine, f"{name[:4]} hunk {number}"
+                )
+        except ForkError as error:
+            need.problem = str(error)
+        need.seconds = time.monotonic() - started
+        needs.append(need)
+    return needs
+
+
+def _line(base: Base, name: str, need: Need) -> tuple[str, ...]:
+    if need.outcome is None:
+        return (base.name, name[:4], need.hunk.where, need.problem, "?")
+    failing = sorted(
+        nodeid.split("::", 1)[1]
+        for nodeid, kind in need.outcome.calls.items()
+        if kind == "failed"
+    )
+    shown = ", ".join(failing[:4]) + (
+        f" and {len(failing) - 4} more" if len(failing) > 4 else ""
+    )
+    return (
+        base.name,
+        name[:4],
+        need.hunk.where,
+        shown or "none",
+        "yes" if need.needed else "NO: no test needs it",
+    )
