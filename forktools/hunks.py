@@ -173,10 +173,16 @@ def _line(base: Base, name: str, need: Need) -> tuple[str, ...]:
     shown = ", ".join(failing[:4]) + (
         f" and {len(failing) - 4} more" if len(failing) > 4 else ""
     )
+    if failing:
+        kinds = ", ".join(sorted(need.outcome.failure_types))
+        shown = f"{len(failing)}/{need.outcome.total}: {shown} ({kinds})"
+    errors = (
+        f"; errors: {'; '.join(need.outcome.errors)}" if need.outcome.errors else ""
+    )
     return (
         base.name,
         name[:4],
         need.hunk.where,
-        shown or "none",
+        (shown or "none") + errors,
         "yes" if need.needed else "NO: no test needs it",
     )

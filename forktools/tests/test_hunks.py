@@ -36,7 +36,7 @@ def test_each_hunk_reverted_alone_names_the_tests_that_need_it(
     assert code == 1
     first, second = capsys.readouterr().out.splitlines()[1:]
     assert "vllm/core.py:11 (def layer_2():)" in first
-    assert first.split()[-2:] == ["test_layer_3", "yes"]
+    assert first.split()[-4:] == ["1/1:", "test_layer_3", "(AssertionError)", "yes"]
     assert "vllm/core.py:59 (def layer_14():)" in second
     assert second.split()[-6:] == ["none", "NO:", "no", "test", "needs", "it"]
 
