@@ -49,7 +49,11 @@ class Need:
 
     @property
     def needed(self) -> bool:
-        return self.outcome is not None and self.outcome.failed > 0
+        """Some test fails without it, or cannot even be collected (an
+        import the rest of the patch uses)."""
+        return self.outcome is not None and bool(
+            self.outcome.failed or self.outcome.errors
+        )
 
 
 def split(diff: str) -> list[Hunk]:
