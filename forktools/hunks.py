@@ -9,6 +9,7 @@ a test run per hunk.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import sys
@@ -141,9 +142,10 @@ def main(bases: list[Base], patch: int | None = None) -> int:
 
 
 def _needs(tree, commit, tests, python, engine, name) -> list[Need]:
-    needs = []
+    """Each hunk's need, one test run per CPU at a time."""
     hunks = source_hunks(tree, commit)
-    for number, hunk in enumerate(hunks, 1):
+
+    def need_of(number: int, hunk: Hunk) -> Need:
         print(
             f"hunks: {name[:4]} hunk {number}/{len(hunks)}: {hunk.where}",
             file=sys.stderr,
@@ -151,8 +153,7 @@ def _needs(tree, commit, tests, python, engine, name) -> list[Need]:
         need = Need(hunk)
         if not tests:
             need.problem = "the patch adds no tests"
-            needs.append(need)
-            continue
+            return need
         started = time.monotonic()
         try:
             with prove.checkout(tree, tree_without(tree, hunk)) as worktree:
@@ -162,8 +163,10 @@ def _needs(tree, commit, tests, python, engine, name) -> list[Need]:
         except ForkError as error:
             need.problem = str(error)
         need.seconds = time.monotonic() - started
-        needs.append(need)
-    return needs
+        return need
+
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        return list(pool.map(need_of, range(1, len(hunks) + 1), hunks))
 
 
 def _line(base: Base, name: str, need: Need) -> tuple[str, ...]:
