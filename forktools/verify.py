@@ -21,6 +21,7 @@ import concurrent.futures
 import datetime
 import os
 import random
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -33,7 +34,8 @@ from forktools.pins import Base, ForkError
 from forktools.prove import ASSERTIONS, Outcome, variant_of
 from forktools.table import render
 
-UNKNOWN_SECONDS = 300.0  # a row's tests, with or without its fix
+UNKNOWN_SECONDS = 300.0
+SYMPTOMS = "symptoms.toml"  # a row's tests, with or without its fix
 
 
 @dataclass
@@ -265,13 +267,14 @@ def _conclude_row(
             today,
             planned.seconds,
         )
-        row.problem = _judge(row.with_fix, row.without_fix)
-        bites = not _judge_without(row.with_fix, row.without_fix)
+        declared = declared_symptoms(run.base)
+        row.problem = _judge(row.with_fix, row.without_fix, declared)
+        bites = not _judge_without(row.with_fix, row.without_fix, declared)
         return row, proof if bites else None
     assert recorded is not None
     row.without_fix, row.seconds = recorded.without_fix, recorded.seconds
     row.proof = f"reused (key {recorded.key[: ledger.KEY_SHOWN]}, {recorded.proved})"
-    row.problem = _judge(row.with_fix, row.without_fix)
+    row.problem = _judge(row.with_fix, row.without_fix, declared_symptoms(run.base))
     if planned.audited:
         assert planned.observed is not None
         row.proof = f"audited in {planned.seconds:.0f} s: " + row.proof
@@ -304,8 +307,32 @@ def _fact(facts: dict, nodeid: str) -> str:
     return f"{outcome} ({kind})" if kind else outcome
 
 
-def _judge(with_fix: Outcome, without: Outcome) -> str:
-    return _judge_with(with_fix) or _judge_without(with_fix, without)
+def _judge(with_fix: Outcome, without: Outcome, declared: dict | None = None) -> str:
+    return _judge_with(with_fix) or _judge_without(with_fix, without, declared)
+
+
+def declared_symptoms(base: Base) -> dict[str, dict[str, str]]:
+    """``patches/<base>/symptoms.toml``: per test function, the exception
+    other than an assertion that it shows without its fix, and a pattern its
+    message matches. Such a failure is the bug's own symptom, not a crash."""
+    path = base.patch_dir / SYMPTOMS
+    return pins.tomllib.loads(path.read_text()) if path.exists() else {}
+
+
+def _undeclared(without: Outcome, declared: dict[str, dict[str, str]]) -> list[str]:
+    """Failures other than assertions that no declaration matches."""
+    found = []
+    for nodeid, failure in without.failures.items():
+        kind, _, message = failure.partition(": ")
+        if kind in ASSERTIONS:
+            continue
+        symptom = declared.get(nodeid.partition("[")[0], {})
+        matches = symptom.get("exception") == kind and re.search(
+            symptom.get("message", "(?!)"), message
+        )
+        if not matches:
+            found.append(kind)
+    return found
 
 
 def _judge_with(with_fix: Outcome) -> str:
@@ -320,14 +347,20 @@ def _judge_with(with_fix: Outcome) -> str:
     return ""
 
 
-def _judge_without(with_fix: Outcome, without: Outcome) -> str:
+def _judge_without(
+    with_fix: Outcome, without: Outcome, declared: dict | None = None
+) -> str:
     if without.errors:
         return f"without the fix: {'; '.join(without.errors)}"
     if not without.failed:
         return "without the fix every test still passes: the tests do not bite"
-    if not without.failure_types <= ASSERTIONS:
-        kinds = ", ".join(sorted(without.failure_types - ASSERTIONS))
-        return f"without the fix the tests fail with {kinds}, not an assertion"
+    undeclared = _undeclared(without, declared or {})
+    if undeclared:
+        kinds = ", ".join(sorted(set(undeclared)))
+        return (
+            f"without the fix the tests fail with {kinds}, not an assertion "
+            f"(nor a symptom declared in {SYMPTOMS})"
+        )
     return _judge_variants(with_fix, without)
 
 

@@ -30,6 +30,20 @@ def test_judge_rejects_import_errors_without_fix():
     assert "ImportError" in problem
 
 
+def test_judge_takes_a_declared_symptom_and_no_other_crash():
+    with_fix = _outcome({"t.py::test_a[x]": "passed"})
+    without = Outcome(
+        {"t.py::test_a[x]": "failed"},
+        {"t.py::test_a[x]": "OSError: [Errno 28] No space left on device: '/c/i.py'"},
+        [],
+    )
+    declared = {"t.py::test_a": {"exception": "OSError", "message": "No space .*i\\.py"}}
+    assert verify._judge(with_fix, without, declared) == ""
+    assert "OSError, not an assertion" in verify._judge(with_fix, without)
+    other = {"t.py::test_a": {"exception": "OSError", "message": "Read-only"}}
+    assert "symptoms.toml" in verify._judge(with_fix, without, other)
+
+
 def test_judge_rejects_tests_that_do_not_bite():
     assert "do not bite" in verify._judge(_outcome({"a": "passed"}), _outcome({"a": "passed"}))
 
