@@ -48,7 +48,7 @@ venv: ## build the per-base test environments (cached)
 engine: ## build the CPU engine environments (cached; SMOKE=1 runs the engine on the fork tree)
 	$(forktools) engine-env $(base_arg) $(if $(SMOKE),--smoke)
 
-test-tooling: ## the tooling's own tests (about a minute; downloads nothing)
+test-tooling: ## the tooling's own tests (about two minutes; downloads nothing)
 	$(PYTHON) -m pytest -q forktools/tests
 
 test: ## everything CI runs: tooling tests, lint, check, verify
