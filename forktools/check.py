@@ -5,8 +5,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from forktools import git, materialize, queue
-from forktools.pins import Base
+from forktools import git, materialize, pins, queue
+from forktools.pins import Base, ForkError
 
 
 def problems(base: Base) -> list[str]:
@@ -30,7 +30,23 @@ def problems(base: Base) -> list[str]:
         found += _round_trip(base, tree)
     found += _applies_alone(base, tree)
     found += _without_fix_diffs(base)
+    found += rebased_from_current(base)
     return found
+
+
+def rebased_from_current(base: Base) -> list[str]:
+    """A queue that ``make rebase`` made must carry its source queue as it is
+    now: a change there is ported, and recorded with ``PORTED=1``."""
+    from forktools import rebase
+
+    if not (base.patch_dir / rebase.REPORT_JSON).exists():
+        return []
+    try:
+        source = rebase.previous_queue(pins.load(), base.version)
+        rebase._finished_report(source, base.name)
+    except ForkError as e:
+        return [f"{base.name}: {e}"]
+    return []
 
 
 def _without_fix_diffs(base: Base) -> list[str]:

@@ -151,7 +151,10 @@ def _record_port(source: Base, name: str) -> None:
             f"none (no complete {REPORT_JSON}): run `make rebase TO="
             f"{name.removeprefix('v')}` first"
         )
-    problems = check.problems(pins.load().get(name))
+    target = pins.load().get(name)
+    # The port is what ends the one problem that names the changed source.
+    unported = check.rebased_from_current(target)
+    problems = [p for p in check.problems(target) if p not in unported]
     if problems:
         raise ForkError(
             f"PORTED=1: patches/{name} is not the exported tree yet, so it cannot "

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from forktools import cli, export, materialize, pins, queue, rebase, venv
+from forktools import check, cli, export, materialize, pins, queue, rebase, venv
 from forktools.pins import ForkError
 
 from . import conftest
@@ -227,7 +227,10 @@ def test_a_recorded_port_makes_the_rebase_current_again(project):
     publish(project.index, NEW, SHIFTED)
     rebase.rebase(NEW)
     _queue(project, ("vllm/core.py", "return 11\n", "return 111\n"))
+    target = pins.load().get(f"v{NEW}")
+    assert any("has changed since" in p for p in check.problems(target))
     report = rebase.rebase(NEW, ported=True)
+    assert not any("has changed since" in p for p in check.problems(target))
     assert "were ported into this queue by hand" in report.read_text()
     made = json.loads(report.with_name(rebase.REPORT_JSON).read_text())
     assert made["ported_from"]["queue"] == queue.patches_id(project.base)
