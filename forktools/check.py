@@ -43,7 +43,7 @@ def rebased_from_current(base: Base) -> list[str]:
         return []
     try:
         source = rebase.previous_queue(pins.load(), base.version)
-        rebase._finished_report(source, base.name)
+        rebase.finished_report(source, base.name)
     except ForkError as e:
         return [f"{base.name}: {e}"]
     return []

@@ -74,7 +74,7 @@ def rebase(version: str, probe_tests: bool = False, ported: bool = False) -> Pat
     source = previous_queue(pinned, version)
     if ported:
         _record_port(source, f"v{version}")
-    done = _finished_report(source, f"v{version}")
+    done = finished_report(source, f"v{version}")
     if done:
         print(f"rebase: {done.relative_to(pins.ROOT)} is up to date; nothing to do")
         return done
@@ -114,7 +114,7 @@ def previous_queue(pinned: pins.Pins, version: str) -> Base:
     raise ForkError(f"no pinned base older than {version} has a queue to rebase")
 
 
-def _finished_report(source: Base, name: str) -> Path | None:
+def finished_report(source: Base, name: str) -> Path | None:
     """The finished report of a rebase from ``source``'s current queue, if any."""
     path = pins.ROOT / "patches" / name / REPORT_JSON
     if not path.exists():

@@ -34,8 +34,8 @@ from forktools.pins import Base, ForkError
 from forktools.prove import ASSERTIONS, Outcome, variant_of
 from forktools.table import render
 
-UNKNOWN_SECONDS = 300.0
-SYMPTOMS = "symptoms.toml"  # a row's tests, with or without its fix
+UNKNOWN_SECONDS = 300.0  # a row's tests, with or without its fix
+SYMPTOMS = "symptoms.toml"
 
 
 @dataclass
@@ -87,6 +87,7 @@ class BaseRun:
     tree_with_fix: str
     environments: dict[str, list[str]]
     ledger: Ledger
+    symptoms: dict[str, dict[str, str]]  # as declared_symptoms reads them
     planned: list[Planned | ForkError] = field(default_factory=list)
 
     @property
@@ -125,6 +126,7 @@ def prepare(base: Base, fresh: bool) -> BaseRun:
         prove.tree_with_fix(tree),
         environments,
         ledger.load(base),
+        declared_symptoms(base),
     )
     environment = ledger.environment_digest(base, environments)
     for subject in ledger.subjects(base, tree):
@@ -267,14 +269,13 @@ def _conclude_row(
             today,
             planned.seconds,
         )
-        declared = declared_symptoms(run.base)
-        row.problem = _judge(row.with_fix, row.without_fix, declared)
-        bites = not _judge_without(row.with_fix, row.without_fix, declared)
+        row.problem = _judge(row.with_fix, row.without_fix, run.symptoms)
+        bites = not _judge_without(row.with_fix, row.without_fix, run.symptoms)
         return row, proof if bites else None
     assert recorded is not None
     row.without_fix, row.seconds = recorded.without_fix, recorded.seconds
     row.proof = f"reused (key {recorded.key[: ledger.KEY_SHOWN]}, {recorded.proved})"
-    row.problem = _judge(row.with_fix, row.without_fix, declared_symptoms(run.base))
+    row.problem = _judge(row.with_fix, row.without_fix, run.symptoms)
     if planned.audited:
         assert planned.observed is not None
         row.proof = f"audited in {planned.seconds:.0f} s: " + row.proof
