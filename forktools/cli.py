@@ -184,12 +184,37 @@ def _environments(bases: list[pins.Base]) -> list[Path]:
     return pythons
 
 
+def cmd_test_tooling(args) -> int:
+    """The tooling's own tests, on this Python, over the CPUs (no base needed)."""
+    return _tooling_tests(sys.executable)
+
+
+def _tooling_tests(python: str) -> int:
+    """Runs forktools/tests on ``python``, spread over up to four CPUs by
+    pytest-xdist (installed once into the cache), else in one process."""
+    import subprocess
+
+    from forktools import tools
+    from forktools.pins import ROOT
+
+    command = [python, "-m", "pytest", "-q", "forktools/tests"]
+    environment = dict(os.environ)
+    workers = min(4, os.cpu_count() or 1)
+    try:
+        plugin = tools.packages(tools.XDIST) if workers > 1 else None
+    except ForkError as error:
+        print(f"tooling tests in one process: {error}", file=sys.stderr, flush=True)
+        plugin = None
+    if plugin:
+        path = [str(plugin), *filter(None, [environment.get("PYTHONPATH")])]
+        environment["PYTHONPATH"] = os.pathsep.join(path)
+        command += ["-n", str(workers), "--dist", "loadfile"]
+    return subprocess.run(command, cwd=ROOT, env=environment).returncode
+
+
 def cmd_test(args) -> int:
     """Everything CI runs: tooling tests, lint, check, verify."""
-    import subprocess
     import time
-
-    from forktools.pins import ROOT
 
     bases = _bases(args)
     pythons: list[Path] = []
@@ -199,8 +224,7 @@ def cmd_test(args) -> int:
         return 0
 
     def tooling_tests() -> int:
-        tests = [str(pythons[0]), "-m", "pytest", "-q", "forktools/tests"]
-        return subprocess.run(tests, cwd=ROOT).returncode
+        return _tooling_tests(str(pythons[0]))
 
     stages = {
         "environments": environments,
@@ -240,6 +264,7 @@ COMMANDS = {
     "venv": cmd_venv,
     "engine-env": cmd_engine_env,
     "test": cmd_test,
+    "test-tooling": cmd_test_tooling,
 }
 BASE_DEFAULT = {
     "fork": "$VLLM_FORK_BASE, else upstream.toml's default",
@@ -270,7 +295,7 @@ def parser() -> argparse.ArgumentParser:
     for name, func in COMMANDS.items():
         summary = func.__doc__.splitlines()[0]
         command = sub.add_parser(name, help=summary, description=summary)
-        if name != "rebase":
+        if name not in ("rebase", "test-tooling"):
             default = BASE_DEFAULT.get(name, "every base")
             command.add_argument(
                 "--base", help=f"a base pinned in upstream.toml (default: {default})"

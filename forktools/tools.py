@@ -6,6 +6,7 @@ import hashlib
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from forktools import download, locks, venv
@@ -14,6 +15,9 @@ from forktools.pins import ForkError
 RUFF = "ruff==0.14.0"  # our own code's, as in our .pre-commit-config.yaml
 UV = "uv==0.13.9"
 PYYAML = "pyyaml==6.0.3"
+# Spreads the tooling's tests over the CPUs; pure Python, loaded beside the
+# caller's own pytest.
+XDIST = ("pytest-xdist==3.8.0", "execnet==2.1.2")
 COMPLETE = ".vllm-fork-complete"
 
 
@@ -62,3 +66,32 @@ def _install(path: Path, requirements: list[str]) -> None:
             "above); check your package index settings and run the command again"
         )
     (path / COMPLETE).touch()
+
+
+def packages(requirements: tuple[str, ...]) -> Path:
+    """A folder holding ``requirements`` alone (no dependencies), installed
+    once through pip, for ``PYTHONPATH``: for packages any Python 3 can load
+    beside what it has."""
+    name = "+".join(_env_name(requirement, ()) for requirement in requirements)
+    path = download.cache_dir() / "tools" / name
+    if (path / COMPLETE).exists():
+        return path
+    lock = download.lock_file(f"tool-{path.name}")
+    with locks.held(lock, f"to install {' '.join(requirements)}"):
+        if not (path / COMPLETE).exists():
+            shutil.rmtree(path, ignore_errors=True)
+            install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps"]
+            done = subprocess.run(
+                [*install, "--target", str(path), *requirements],
+                capture_output=True,
+                text=True,
+            )
+            if done.returncode != 0:
+                shutil.rmtree(path, ignore_errors=True)
+                said = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                raise ForkError(
+                    f"could not install {' '.join(requirements)} ({said}); check "
+                    "your package index settings and run the command again"
+                )
+            (path / COMPLETE).touch()
+    return path

@@ -96,13 +96,15 @@ def copy_tooling(root: Path, *files: str) -> None:
 class Project:
     """A scratch fork project: pin file, patches/, cache and wheelhouse."""
 
-    def __init__(self, root: Path, index: Path):
+    def __init__(self, root: Path, index: Path, publish: bool = True):
+        """With ``publish`` false, the project already in ``root`` and ``index``."""
         self.root, self.index = root, index
         self.sdist = index / f"vllm-{VERSION}.tar.gz"
         self.wheel = index / f"vllm-{VERSION}-py3-none-manylinux_2_17_{platform.machine()}.whl"
-        _sdist(self.sdist)
-        _wheel(self.wheel)
-        self.pin()
+        if publish:
+            _sdist(self.sdist)
+            _wheel(self.wheel)
+            self.pin()
 
     def pin(
         self, sdist_sha: str | None = None, wheels: list[Path] | None = None
@@ -150,15 +152,23 @@ def git(tree: Path, *args: str) -> str:
 
 @pytest.fixture
 def project(tmp_path, monkeypatch) -> Project:
-    root, index = tmp_path / "root", tmp_path / "index"
-    root.mkdir()
-    index.mkdir()
+    return open_project(tmp_path, monkeypatch)
+
+
+def open_project(
+    path: Path, monkeypatch: pytest.MonkeyPatch, publish: bool = True
+) -> Project:
+    """The project in ``path`` (made there unless ``publish`` is false), with
+    the tooling pointed at it."""
+    root, index = path / "root", path / "index"
+    root.mkdir(exist_ok=not publish)
+    index.mkdir(exist_ok=not publish)
     monkeypatch.setattr(pins, "ROOT", root)
-    monkeypatch.setenv("VLLM_FORK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("VLLM_FORK_CACHE", str(path / "cache"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
     monkeypatch.delenv("VLLM_FORK_BASE", raising=False)
-    return Project(root, index)
+    return Project(root, index, publish)
 
 
 THIS_PYTHON = (

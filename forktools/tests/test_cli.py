@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from forktools import cli, export, materialize, pins
+from forktools import cli, export, materialize, pins, tools
 from forktools.pins import ROOT, ForkError
 
 from .conftest import BASE
@@ -183,3 +183,43 @@ def test_every_tooling_module_imports(module):
     subprocess.run(
         [sys.executable, "-c", f"import forktools.{module}"], cwd=ROOT, check=True
     )
+
+
+def _tooling_run(monkeypatch, packages) -> tuple[list[str], dict[str, str]]:
+    """The command and environment the tooling tests would run under."""
+    seen = {}
+
+    def run(command, cwd, env):
+        seen.update(command=command, env=env)
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(tools, "packages", packages)
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert cli.main(["test-tooling"]) == 0
+    return seen["command"], seen["env"]
+
+
+def test_tooling_tests_spread_over_the_cpus(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYTHONPATH", "/theirs")
+    command, env = _tooling_run(monkeypatch, lambda requirements: tmp_path)
+    assert command[-4:] == ["-n", "2", "--dist", "loadfile"]
+    assert env["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/theirs"
+
+
+def test_tooling_tests_without_an_index_run_in_one_process(monkeypatch, capsys):
+    def offline(requirements):
+        raise ForkError("could not install pytest-xdist==3.8.0 (no index)")
+
+    command, _ = _tooling_run(monkeypatch, offline)
+    assert command[-2:] == ["-q", "forktools/tests"]
+    assert capsys.readouterr().err == (
+        "tooling tests in one process: could not install pytest-xdist==3.8.0 "
+        "(no index)\n"
+    )
+
+
+def test_a_package_that_cannot_be_installed_is_named_and_leaves_nothing(project):
+    with pytest.raises(ForkError, match=r"could not install nothing-here==1\.0 \("):
+        tools.packages(("nothing-here==1.0",))
+    assert not (project.root.parent / "cache" / "tools" / "nothing-here-1.0").exists()

@@ -8,7 +8,7 @@ import pytest
 from forktools import export, ledger, materialize, prove, venv, verify
 from forktools.prove import Outcome
 
-from .conftest import git
+from .conftest import git, open_project
 
 LAYER_3 = "def test_layer_3():\n    from vllm import core\n\n    assert core.layer_3() == 33\n"
 LAYER_5 = "def test_layer_5():\n    from vllm import core\n\n    assert core.layer_5() == 55\n"
@@ -138,26 +138,43 @@ def _commit_all(project, message: str) -> None:
     git(project.tree, "commit", "-q", "-s", "-m", f"{message}\n\nUpstream-Status: Pending [x]")
 
 
+@pytest.fixture(scope="module")
+def proved(tmp_path_factory) -> tuple[Path, list[str]]:
+    """The miniature project with its queue of three, proved once for the
+    module (each test works on a copy); its test runs use this Python."""
+    path = tmp_path_factory.mktemp("proved")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+        monkeypatch.setattr(venv, "ensure_engine", lambda base: None)
+        project = open_project(path, monkeypatch)
+        materialize.ensure(project.base)
+        _fix(project, 3, LAYER_3)
+        _fix(project, 5, LAYER_5)
+        (project.tree / "tests/test_layer_3_again.py").write_text(AGAIN)
+        _commit_all(project, "[Test] Layer 3 again")
+        names = export.export(project.base)
+        diff = project.base.patch_dir / "verify" / f"{names[2]}.without-fix.diff"
+        diff.parent.mkdir()
+        diff.write_text(
+            "--- a/vllm/core.py\n+++ b/vllm/core.py\n@@ -10,3 +10,3 @@ def layer_2():\n"
+            " def layer_3():\n-    return 33\n+    return 3\n \n"
+        )
+        assert verify.main([project.base], 2, audit=0) == 0
+    return path, names
+
+
 @pytest.fixture
-def queue(project, monkeypatch):
-    """The project's queue of three, proved once; its test runs use this
-    Python, which has pytest."""
+def project(proved, tmp_path, monkeypatch):
+    """A copy of the proved project, in this test's own directory."""
+    shutil.copytree(proved[0], tmp_path, symlinks=True, dirs_exist_ok=True)
     monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
     monkeypatch.setattr(venv, "ensure_engine", lambda base: None)
-    materialize.ensure(project.base)
-    _fix(project, 3, LAYER_3)
-    _fix(project, 5, LAYER_5)
-    (project.tree / "tests/test_layer_3_again.py").write_text(AGAIN)
-    _commit_all(project, "[Test] Layer 3 again")
-    names = export.export(project.base)
-    diff = project.base.patch_dir / "verify" / f"{names[2]}.without-fix.diff"
-    diff.parent.mkdir()
-    diff.write_text(
-        "--- a/vllm/core.py\n+++ b/vllm/core.py\n@@ -10,3 +10,3 @@ def layer_2():\n"
-        " def layer_3():\n-    return 33\n+    return 3\n \n"
-    )
-    assert verify.main([project.base], 2, audit=0) == 0
-    return names
+    return open_project(tmp_path, monkeypatch, publish=False)
+
+
+@pytest.fixture
+def queue(proved) -> list[str]:
+    return proved[1]
 
 
 def _plan(project) -> dict[str, str]:
