@@ -13,7 +13,6 @@ import concurrent.futures
 import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,24 +96,11 @@ def source_hunks(tree: Path, commit: str) -> list[Hunk]:
 
 def tree_without(tree: Path, hunk: Hunk) -> str:
     """The git tree of the whole queue with ``hunk`` alone reverted."""
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        git.run(tree, "read-tree", "HEAD", env=env)
-        applied = git.run(
-            tree,
-            "apply",
-            "--cached",
-            "--reverse",
-            check=False,
-            env=env,
-            input=hunk.patch,
-        )
-        if applied.returncode != 0:
-            raise ForkError(
-                f"{hunk.where} does not revert alone on the whole queue: "
-                f"{applied.stderr.strip()}"
-            )
-        return git.run(tree, "write-tree", env=env).stdout.strip()
+    try:
+        return prove.tree_with_diff(tree, "HEAD", hunk.patch, reverse=True)
+    except ForkError as error:
+        where = f"{hunk.where} does not revert alone on the whole queue"
+        raise ForkError(f"{where}: {error}") from None
 
 
 def main(bases: list[Base], patch: int | None = None) -> int:

@@ -9,7 +9,6 @@ domain (the maintainers' alias) is no person's, so DCO cannot take it.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -271,12 +270,7 @@ def run_alone(base: Base, tree: Path, commit: str) -> Alone:
 def _tree_of_tests(tree: Path, commit: str) -> str:
     """The git tree of ``base`` with only the test files of ``commit``."""
     diff = git.run(tree, "diff", "base", commit, "--", "tests").stdout
-    with tempfile.TemporaryDirectory() as tmp:
-        index = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        git.run(tree, "read-tree", "base", env=index)
-        if diff:
-            git.run(tree, "apply", "--cached", env=index, input=diff)
-        return git.run(tree, "write-tree", env=index).stdout.strip()
+    return prove.tree_with_diff(tree, "base", diff)
 
 
 def _run_plain(
@@ -290,20 +284,7 @@ def _run_plain(
         plugin = Path(tmp) / "plugin"
         plugin.mkdir()
         shutil.copy(prove.HARNESS / f"{REPORT_PLUGIN}.py", plugin)
-        report = Path(tmp) / "report.json"
-        env = dict(
-            prove.caller_environment(),
-            VLLM_TARGET_DEVICE="cpu",
-            PYTHONPATH=os.pathsep.join([str(path), str(plugin)]),
-            VLLM_FORK_REPORT=str(report),
-            VLLM_CACHE_ROOT=str(Path(tmp) / "vllm-cache"),
-            HF_HUB_OFFLINE="1",
-        )
-        command = [str(python), "-m", "pytest", "-p", REPORT_PLUGIN, "-q"]
-        command += ["-p", "no:cacheprovider", *tests]
-        prove._run_labelled(command, path, env, f"[pr {label}] ")
-        records = json.loads(report.read_text()) if report.exists() else []
-    return prove.summarize(records)
+        return prove.run_tests(python, path, tests, label=f"pr {label}", harness=plugin)
 
 
 def prepare(base: Base, number: int) -> Submission:

@@ -138,7 +138,7 @@ def tree_without_fix(
     bug = without_fix_diff(base, entry.name)
     named = f"patches/{base.name}/verify/{bug.name}"
     if bug.exists():
-        diff, reverse, how = bug.read_text(), [], f"applied {named}"
+        diff, reverse, how = bug.read_text(), False, f"applied {named}"
     else:
         sources = changed_sources(tree, commit)
         if not sources:
@@ -148,20 +148,32 @@ def tree_without_fix(
                 "show the tests fail without the fix"
             )
         diff = git.run(tree, "diff", f"{commit}^", commit, "--", *sources).stdout
-        reverse, how = ["--reverse"], f"reverted {', '.join(sources)}"
+        reverse, how = True, f"reverted {', '.join(sources)}"
+    try:
+        return tree_with_diff(tree, "HEAD", diff, reverse), how
+    except ForkError as error:
+        raise ForkError(
+            f"patches/{base.name}/{entry.name}: {how.split(' ')[0]} "
+            f"{how.split(' ', 1)[1]} does not apply on the whole queue: "
+            f"{error}; update it, then run verify again"
+        ) from None
+
+
+def tree_with_diff(tree: Path, start: str, diff: str, reverse: bool = False) -> str:
+    """The git tree id of revision ``start`` with ``diff`` applied (or
+    reverted), made in a scratch index: no work tree is touched. Raises
+    ForkError with git's reason when the diff does not apply."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-        git.run(tree, "read-tree", "HEAD", env=env)
-        applied = git.run(
-            tree, "apply", "--cached", *reverse, check=False, env=env, input=diff
-        )
-        if applied.returncode != 0:
-            raise ForkError(
-                f"patches/{base.name}/{entry.name}: {how.split(' ')[0]} "
-                f"{how.split(' ', 1)[1]} does not apply on the whole queue: "
-                f"{applied.stderr.strip()}; update it, then run verify again"
+        git.run(tree, "read-tree", start, env=env)
+        if diff:
+            direction = ["--reverse"] if reverse else []
+            applied = git.run(
+                tree, "apply", "--cached", *direction, check=False, env=env, input=diff
             )
-        return git.run(tree, "write-tree", env=env).stdout.strip(), how
+            if applied.returncode != 0:
+                raise ForkError(applied.stderr.strip())
+        return git.run(tree, "write-tree", env=env).stdout.strip()
 
 
 def locked_set(python: Path) -> list[str]:
@@ -220,16 +232,18 @@ def run_tests(
     nodeids: list[str],
     engine: Path | None = None,
     label: str = "",
+    harness: Path = HARNESS,
 ) -> Outcome:
-    """Run ``nodeids`` in one pytest session; ``engine``, the base's CPU
-    engine Python if it pins one, is named to engine tests in
+    """Run ``nodeids`` in one pytest session, with ``tree`` and ``harness``
+    (a folder that must hold the report plugin) on the path; ``engine``, the
+    base's CPU engine Python if it pins one, is named to engine tests in
     VLLM_FORK_ENGINE_PYTHON. Each output line starts with ``[label]``."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         env = dict(
             caller_environment(),
             VLLM_TARGET_DEVICE="cpu",
-            PYTHONPATH=os.pathsep.join([str(tree), str(HARNESS)]),
+            PYTHONPATH=os.pathsep.join([str(tree), str(harness)]),
             VLLM_FORK_REPORT=str(report),
             VLLM_CACHE_ROOT=str(Path(tmp) / "vllm-cache"),
             HF_HUB_OFFLINE="1",

@@ -11,7 +11,11 @@ import os
 
 import pytest
 
-MESSAGE_LIMIT = 600
+# A long message keeps its start (what the test says went wrong) and its end:
+# a test of a child process quotes the child's output last, and the child's
+# exception, the bug's own symptom, ends it.
+MESSAGE_HEAD = 600
+MESSAGE_TAIL = 1400
 _records = []
 
 
@@ -35,7 +39,11 @@ def _message(excinfo) -> str:
     if excinfo is None:
         return ""
     text = str(excinfo.value).strip()
-    return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT] + " [...]"
+    left_out = len(text) - MESSAGE_HEAD - MESSAGE_TAIL
+    if left_out <= 0:
+        return text
+    head, tail = text[:MESSAGE_HEAD], text[-MESSAGE_TAIL:]
+    return f"{head}\n[... {left_out} characters ...]\n{tail}"
 
 
 def pytest_collectreport(report):

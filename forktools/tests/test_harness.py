@@ -13,6 +13,7 @@ sys.path.insert(0, str(HARNESS))
 import vllm_c_op_stubs  # noqa: E402
 import vllm_cpu_lora_compile  # noqa: E402
 import vllm_engine_kernels  # noqa: E402
+import vllm_fork_report  # noqa: E402
 import vllm_triton_cpu_check  # noqa: E402
 
 sys.path.remove(str(HARNESS))
@@ -190,3 +191,15 @@ def test_lora_compile_hook_needs_its_variable(monkeypatch):
     assert not vllm_cpu_lora_compile.enabled()
     monkeypatch.setenv(vllm_cpu_lora_compile.ENV, "1")
     assert vllm_cpu_lora_compile.enabled()
+
+
+def test_a_long_failure_message_keeps_its_start_and_the_childs_exception():
+    child = "the run failed:\n" + "log line\n" * 500 + "KeyError: 'weight'"
+    excinfo = types.SimpleNamespace(value=AssertionError(child))
+    kept = vllm_fork_report._message(excinfo)
+    assert kept.startswith("the run failed:\nlog line\n")
+    assert kept.endswith("log line\nKeyError: 'weight'")
+    left_out = len(child) - vllm_fork_report.MESSAGE_HEAD - vllm_fork_report.MESSAGE_TAIL
+    assert f"\n[... {left_out} characters ...]\n" in kept
+    short = types.SimpleNamespace(value=AssertionError("assert 3 == 33"))
+    assert vllm_fork_report._message(short) == "assert 3 == 33"
