@@ -31,6 +31,37 @@ def problems(base: Base) -> list[str]:
     found += _applies_alone(base, tree)
     found += _without_fix_diffs(base)
     found += rebased_from_current(base)
+    found += declared_symptoms(base)
+    return found
+
+
+def declared_symptoms(base: Base) -> list[str]:
+    """Each failure the ledger records without a fix is its test's declared
+    symptom, judged as ``make verify`` judges it; each declaration names a
+    test that a patch runs."""
+    from forktools import ledger, symptoms
+
+    try:
+        declared = symptoms.load(base)
+    except ForkError as e:
+        return [str(e)]
+    proofs = ledger.load(base).proofs
+    found = [
+        f"{declared.path}: {patch}: {problem}"
+        for patch, proof in sorted(proofs.items())
+        for problem in symptoms.problems(proof.without_fix, declared)
+    ]
+    if proofs:
+        run = {
+            symptoms.function_of(nodeid)
+            for proof in proofs.values()
+            for nodeid in proof.without_fix.calls
+        }
+        found += [
+            f"{declared.path}: declares {test}, which no patch's tests run; "
+            "remove it or correct its name"
+            for test in sorted(set(declared.symptoms) - run)
+        ]
     return found
 
 

@@ -2,9 +2,10 @@
 
 For every commit of every queue: the test functions it adds must all pass
 with the whole queue applied, and with the commit's source hunks reverted
-(its tests kept) at least one must fail, every failure through an assertion,
-nothing erroring in collection or setup. A test-only commit names a patch
-that puts the bug back instead, ``patches/<base>/verify/<patch>.without-fix.diff``.
+(its tests kept) at least one must fail, every failure its test's declared
+symptom (``forktools/symptoms.py``), nothing erroring in collection or
+setup. A test-only commit names a patch that puts the bug back instead,
+``patches/<base>/verify/<patch>.without-fix.diff``.
 
 The with-fix half runs every time, so the tree that ships is always tested.
 The without-fix half is a fact about exact inputs, kept in the base's proof
@@ -21,21 +22,19 @@ import concurrent.futures
 import datetime
 import os
 import random
-import re
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools import check, ledger, materialize, pins, prove, queue, venv
+from forktools import check, ledger, materialize, pins, prove, queue, symptoms, venv
 from forktools.ledger import Ledger, Proof, Subject
 from forktools.pins import Base, ForkError
-from forktools.prove import ASSERTIONS, Outcome, variant_of
+from forktools.prove import Outcome, variant_of
 from forktools.table import render
 
 UNKNOWN_SECONDS = 300.0  # a row's tests, with or without its fix
-SYMPTOMS = "symptoms.toml"
 
 
 @dataclass
@@ -51,6 +50,9 @@ class Row:
     undone_by: str = ""
     # How the without-fix half was had: "proved in N s", "reused (key ...)".
     proof: str = ""
+    # Test functions whose failures are their declared symptoms, and those
+    # declared no-regression; "" where a declaration does not hold.
+    symptoms: str = ""
 
     @property
     def holds(self) -> bool:
@@ -87,7 +89,7 @@ class BaseRun:
     tree_with_fix: str
     environments: dict[str, list[str]]
     ledger: Ledger
-    symptoms: dict[str, dict[str, str]]  # as declared_symptoms reads them
+    symptoms: symptoms.Declared
     planned: list[Planned | ForkError] = field(default_factory=list)
 
     @property
@@ -126,7 +128,7 @@ def prepare(base: Base, fresh: bool) -> BaseRun:
         prove.tree_with_fix(tree),
         environments,
         ledger.load(base),
-        declared_symptoms(base),
+        symptoms.load(base),
     )
     environment = ledger.environment_digest(base, environments)
     for subject in ledger.subjects(base, tree):
@@ -227,6 +229,8 @@ def conclude(run: BaseRun, today: str) -> list[Row]:
             rows.append(Row(run.base.name, "?", 0, None, None, 0.0, str(planned)))
             continue
         row, proof = _conclude_row(run, planned, today)
+        if row.without_fix and not symptoms.problems(row.without_fix, run.symptoms):
+            row.symptoms = symptoms.summary(row.without_fix, run.symptoms)
         rows.append(row)
         if proof is not None:
             proofs[proof.patch] = proof
@@ -270,8 +274,10 @@ def _conclude_row(
             planned.seconds,
         )
         row.problem = _judge(row.with_fix, row.without_fix, run.symptoms)
-        bites = not _judge_without(row.with_fix, row.without_fix, run.symptoms)
-        return row, proof if bites else None
+        # What the tests showed is kept whatever the declarations say: they
+        # are judged on every run, and a fixed declaration proves nothing again.
+        observed_failing = planned.observed.failed and not planned.observed.errors
+        return row, proof if observed_failing else None
     assert recorded is not None
     row.without_fix, row.seconds = recorded.without_fix, recorded.seconds
     row.proof = f"reused (key {recorded.key[: ledger.KEY_SHOWN]}, {recorded.proved})"
@@ -308,32 +314,10 @@ def _fact(facts: dict, nodeid: str) -> str:
     return f"{outcome} ({kind})" if kind else outcome
 
 
-def _judge(with_fix: Outcome, without: Outcome, declared: dict | None = None) -> str:
+def _judge(
+    with_fix: Outcome, without: Outcome, declared: symptoms.Declared | None = None
+) -> str:
     return _judge_with(with_fix) or _judge_without(with_fix, without, declared)
-
-
-def declared_symptoms(base: Base) -> dict[str, dict[str, str]]:
-    """``patches/<base>/symptoms.toml``: per test function, the exception
-    other than an assertion that it shows without its fix, and a pattern its
-    message matches. Such a failure is the bug's own symptom, not a crash."""
-    path = base.patch_dir / SYMPTOMS
-    return pins.tomllib.loads(path.read_text()) if path.exists() else {}
-
-
-def _undeclared(without: Outcome, declared: dict[str, dict[str, str]]) -> list[str]:
-    """Failures other than assertions that no declaration matches."""
-    found = []
-    for nodeid, failure in without.failures.items():
-        kind, _, message = failure.partition(": ")
-        if kind in ASSERTIONS:
-            continue
-        symptom = declared.get(nodeid.partition("[")[0], {})
-        matches = symptom.get("exception") == kind and re.search(
-            symptom.get("message", "(?!)"), message
-        )
-        if not matches:
-            found.append(kind)
-    return found
 
 
 def _judge_with(with_fix: Outcome) -> str:
@@ -349,19 +333,16 @@ def _judge_with(with_fix: Outcome) -> str:
 
 
 def _judge_without(
-    with_fix: Outcome, without: Outcome, declared: dict | None = None
+    with_fix: Outcome, without: Outcome, declared: symptoms.Declared | None = None
 ) -> str:
     if without.errors:
         return f"without the fix: {'; '.join(without.errors)}"
     if not without.failed:
         return "without the fix every test still passes: the tests do not bite"
-    undeclared = _undeclared(without, declared or {})
-    if undeclared:
-        kinds = ", ".join(sorted(set(undeclared)))
-        return (
-            f"without the fix the tests fail with {kinds}, not an assertion "
-            f"(nor a symptom declared in {SYMPTOMS})"
-        )
+    found = symptoms.problems(without, declared or symptoms.Declared(symptoms.FILE, {}))
+    if found:
+        more = f"; and {len(found) - 3} more" if len(found) > 3 else ""
+        return f"without the fix: {'; '.join(found[:3])}{more}"
     return _judge_variants(with_fix, without)
 
 
@@ -379,7 +360,10 @@ def _judge_variants(with_fix: Outcome, without: Outcome) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    lines = [("base", "patch", "tests", "with fix", "without fix", "proof", "holds")]
+    lines = [
+        ("base", "patch", "tests", "with fix", "without fix", "symptoms", "proof")
+        + ("holds",)
+    ]
     for row in rows:
         lines.append(
             (
@@ -388,13 +372,14 @@ def table(rows: list[Row]) -> str:
                 str(row.tests),
                 _ratio(row.with_fix, "passed"),
                 _ratio(row.without_fix, "failed"),
+                row.symptoms or "-",
                 row.proof or "-",
                 "yes" if row.holds else f"NO: {row.problem}",
             )
         )
         lines += _variant_lines(row)
         if row.undone_by.startswith("applied "):
-            lines.append(("", f"  puts back: {_put_back(row.undone_by)}", *[""] * 5))
+            lines.append(("", f"  puts back: {_put_back(row.undone_by)}", *[""] * 6))
     return render(lines)
 
 
@@ -429,6 +414,7 @@ def _variant_lines(row: Row) -> list[tuple[str, ...]]:
                 "",
                 f"{passed}/{passed + failed} passed",
                 f"{bitten}/{kept + bitten} failed",
+                "",
                 "",
                 "yes" if passed and not failed and bitten else "no",
             )

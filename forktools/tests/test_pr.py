@@ -58,6 +58,10 @@ def test_pr_body_comes_from_message_and_quotes_the_ledger_row(project, monkeypat
     monkeypatch.setattr(venv, "ensure_engine", lambda base: None)
     test = "def test_layer_3():\n    from vllm import core\n\n    assert core.layer_3() == 33\n"
     _queue_of_one(project, test)
+    (project.base.patch_dir / "symptoms.toml").write_text(
+        '["tests/test_layer_3.py::test_layer_3"]\n'
+        'exception = "AssertionError"\nmessage = "assert 3 == 33"\n'
+    )
     assert verify.main([project.base], audit=0) == 0
     proof = ledger.load(project.base).proofs[export.export(project.base)[0]]
     assert pr.title(project.base, 1) == "[Bugfix][Core] Make layer 3 return 33"

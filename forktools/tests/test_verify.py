@@ -1,12 +1,15 @@
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from forktools import export, ledger, materialize, prove, venv, verify
+from forktools import check, export, ledger, materialize, prove, symptoms, venv, verify
+from forktools.pins import ForkError
 from forktools.prove import Outcome
+from forktools.symptoms import Declared, Symptom
 
 from .conftest import git, open_project
 
@@ -20,14 +23,46 @@ def _outcome(calls: dict[str, str], kind: str = "AssertionError") -> Outcome:
     return Outcome(calls, failures, [])
 
 
-def test_judge_accepts_assertion_failures_without_fix():
+def _declared(**symptoms: Symptom) -> Declared:
+    return Declared("patches/v9/symptoms.toml", symptoms)
+
+
+THREE = Symptom("AssertionError", r"assert 3 == 33")
+SPARED = Symptom(no_regression="pristine has nothing to get wrong here")
+
+
+def test_judge_accepts_declared_assertion_failures_and_no_regression_tests():
     with_fix = _outcome({"a": "passed", "b": "passed"})
-    assert verify._judge(with_fix, _outcome({"a": "failed", "b": "passed"})) == ""
+    without = _outcome({"a": "failed", "b": "passed"})
+    assert verify._judge(with_fix, without, _declared(a=THREE, b=SPARED)) == ""
+    assert symptoms.summary(without, _declared(a=THREE, b=SPARED)) == (
+        "1 matched, 1 no-regression"
+    )
+
+
+def test_judge_names_each_test_its_declarations_do_not_cover():
+    with_fix = _outcome({"a": "passed", "b": "passed"})
+    problem = verify._judge(with_fix, _outcome({"a": "failed", "b": "passed"}))
+    assert "a failed (AssertionError: assert 3 == 33): no symptom in symptoms.toml" in (
+        problem
+    )
+    assert "b passes without the fix: make it fail there, or say why" in problem
+    both = _outcome({"a": "failed", "b": "failed"})
+    problem = verify._judge(with_fix, both, _declared(a=THREE, b=SPARED))
+    assert problem == (
+        "without the fix: b is declared no-regression in patches/v9/symptoms.toml "
+        "but fails (AssertionError: assert 3 == 33)"
+    )
 
 
 def test_judge_rejects_import_errors_without_fix():
-    problem = verify._judge(_outcome({"a": "passed"}), _outcome({"a": "failed"}, "ImportError"))
-    assert "ImportError" in problem
+    problem = verify._judge(
+        _outcome({"a": "passed"}), _outcome({"a": "failed"}, "ImportError"), _declared(a=THREE)
+    )
+    assert problem == (
+        "without the fix: a failed with ImportError: assert 3 == 33, not its "
+        "declared symptom AssertionError matching 'assert 3 == 33'"
+    )
 
 
 def test_judge_takes_a_declared_symptom_and_no_other_crash():
@@ -37,15 +72,33 @@ def test_judge_takes_a_declared_symptom_and_no_other_crash():
         {"t.py::test_a[x]": "OSError: [Errno 28] No space left on device: '/c/i.py'"},
         [],
     )
-    declared = {"t.py::test_a": {"exception": "OSError", "message": "No space .*i\\.py"}}
-    assert verify._judge(with_fix, without, declared) == ""
-    assert "OSError, not an assertion" in verify._judge(with_fix, without)
-    other = {"t.py::test_a": {"exception": "OSError", "message": "Read-only"}}
-    assert "symptoms.toml" in verify._judge(with_fix, without, other)
+    full = _declared(**{"t.py::test_a": Symptom("OSError", r"No space .*i\.py")})
+    assert verify._judge(with_fix, without, full) == ""
+    other = _declared(**{"t.py::test_a": Symptom("OSError", "Read-only")})
+    assert "not its declared symptom OSError matching 'Read-only'" in verify._judge(
+        with_fix, without, other
+    )
 
 
 def test_judge_rejects_tests_that_do_not_bite():
     assert "do not bite" in verify._judge(_outcome({"a": "passed"}), _outcome({"a": "passed"}))
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('["t.py::test_a"]\nexception = "OSError"\n', "has exception; declare"),
+        ('["t.py::test_a"]\nexeption = "OSError"\nmessage = "x"\n', "exeption"),
+        ('["t.py::test_a"]\nexception = "E"\nmessage = "("\n', "not a regular"),
+        ('["t.py::test_a"\n', "patches/v9.9.9/symptoms.toml: "),
+    ],
+    ids=["no message", "misspelt", "bad pattern", "not TOML"],
+)
+def test_a_wrong_declaration_names_the_file_and_the_test(project, text, says):
+    project.base.patch_dir.mkdir(parents=True, exist_ok=True)
+    (project.base.patch_dir / "symptoms.toml").write_text(text)
+    with pytest.raises(ForkError, match=re.escape(says)):
+        symptoms.load(project.base)
 
 
 def test_judge_rejects_collection_errors_skips_and_failures_with_the_fix():
@@ -107,22 +160,40 @@ def test_judge_names_a_variant_that_does_not_bite():
         "t.py::test_a[split]": "passed",
         "t.py::test_b[split]": "passed",
     }
+    declared = _declared(**{"t.py::test_a": THREE, "t.py::test_b": THREE})
     with_fix = _outcome(calls)
-    without = _outcome({**calls, "t.py::test_a[mega]": "failed"})
-    assert "[split]" in verify._judge(with_fix, without)
+    without = _outcome(
+        {**calls, "t.py::test_a[mega]": "failed", "t.py::test_b[mega]": "failed"}
+    )
+    assert "[split]" in verify._judge(with_fix, without, declared)
     without = _outcome({**without.calls, "t.py::test_b[split]": "failed"})
-    assert verify._judge(with_fix, without) == ""
+    assert verify._judge(with_fix, without, declared) == ""
     lines = verify._variant_lines(
         verify.Row("b", "p", 2, with_fix, without, 1.0, nodeids=["t.py::test_a"])
     )
     assert [line[1:5] for line in lines] == [
-        ("  [mega]", "", "2/2 passed", "1/2 failed"),
+        ("  [mega]", "", "2/2 passed", "2/2 failed"),
         ("  [split]", "", "2/2 passed", "1/2 failed"),
     ]
 
 
 # The ledger, end to end on a miniature release: two fixes and a test-only
 # patch whose without-fix diff puts the first bug back.
+
+
+SYMPTOMS = """\
+["tests/test_layer_3.py::test_layer_3"]
+exception = "AssertionError"
+message = "assert 3 == 33"
+
+["tests/test_layer_5.py::test_layer_5"]
+exception = "AssertionError"
+message = "assert 5 == 55"
+
+["tests/test_layer_3_again.py::test_layer_3_again"]
+exception = "AssertionError"
+message = "assert 3 != 3"
+"""
 
 
 def _fix(project, layer: int, test: str) -> None:
@@ -159,6 +230,7 @@ def proved(tmp_path_factory) -> tuple[Path, list[str]]:
             "--- a/vllm/core.py\n+++ b/vllm/core.py\n@@ -10,3 +10,3 @@ def layer_2():\n"
             " def layer_3():\n-    return 33\n+    return 3\n \n"
         )
+        (project.base.patch_dir / "symptoms.toml").write_text(SYMPTOMS)
         assert verify.main([project.base], 2, audit=0) == 0
     return path, names
 
@@ -288,3 +360,27 @@ def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
     assert _plan(project)["0001"] == "no row in the ledger"
     [problem] = [p for p in ledger.stale(project.base) if "edited by hand" in p]
     assert queue[0] in problem and "run `make verify" in problem
+
+
+def test_check_judges_the_recorded_failures_against_the_declarations(
+    project, queue, capsys
+):
+    file = project.base.patch_dir / "symptoms.toml"
+    assert check.declared_symptoms(project.base) == []
+    file.write_text(
+        SYMPTOMS.replace('message = "assert 5 == 55"', 'message = "assert 5 == 7"')
+        + '\n["tests/test_gone.py::test_gone"]\nno_regression = "x"\n'
+    )
+    assert check.declared_symptoms(project.base) == [
+        f"patches/v9.9.9/symptoms.toml: {queue[1]}: "
+        "tests/test_layer_5.py::test_layer_5 failed with AssertionError: assert 5 == "
+        "55, not its declared symptom AssertionError matching 'assert 5 == 7'",
+        "patches/v9.9.9/symptoms.toml: declares tests/test_gone.py::test_gone, "
+        "which no patch's tests run; remove it or correct its name",
+    ]
+    capsys.readouterr()
+    assert verify.main([project.base], 2, audit=0) == 1
+    out = capsys.readouterr().out
+    assert "NO: without the fix: tests/test_layer_5.py::test_layer_5 failed" in out
+    assert out.count("reused (key ") == 3 and "proved in" not in out
+    assert "  1 matched " in out

@@ -1,0 +1,111 @@
+"""What each test shows without its fix: ``patches/<base>/symptoms.toml``.
+
+``make verify`` counts a failure without the fix only where it is the bug's
+own symptom: the exception type its test function declares, with a message
+that its pattern matches (``re.search`` over what the ledger keeps: the
+message's start and its end, where a child process's exception is). A test
+that cannot fail on its bug is declared ``no_regression``, saying why; it
+must pass without the fix and is not counted. The declarations are read on
+every run, not kept in the ledger's keys: changing them proves nothing again.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+
+from forktools import pins
+from forktools.pins import Base, ForkError
+from forktools.prove import Outcome
+
+FILE = "symptoms.toml"
+
+
+@dataclass(frozen=True)
+class Symptom:
+    exception: str = ""
+    message: str = ""
+    no_regression: str = ""  # why the test cannot fail on its bug
+
+
+@dataclass(frozen=True)
+class Declared:
+    path: str  # as people see it: patches/<base>/symptoms.toml
+    symptoms: dict[str, Symptom]
+
+
+def load(base: Base) -> Declared:
+    """The base's declarations, checked: each names an exception and a
+    pattern, or why it is no-regression."""
+    file = base.patch_dir / FILE
+    shown = f"patches/{base.name}/{FILE}"
+    if not file.exists():
+        return Declared(shown, {})
+    try:
+        data = pins.tomllib.loads(file.read_text())
+    except pins.tomllib.TOMLDecodeError as error:
+        raise ForkError(f"{shown}: {error}; fix the file and run again") from None
+    return Declared(shown, {test: _symptom(shown, test, d) for test, d in data.items()})
+
+
+def _symptom(shown: str, test: str, declared: object) -> Symptom:
+    names = {field.name for field in fields(Symptom)}
+    given = set(declared) if isinstance(declared, dict) else {"a value"}
+    counted = {"exception", "message"} <= given and "no_regression" not in given
+    if given - names or not (counted or given == {"no_regression"}):
+        raise ForkError(
+            f'{shown}: ["{test}"] has {", ".join(sorted(given)) or "nothing"}; '
+            "declare exception and message, or only no_regression (why the "
+            "test cannot fail on its bug)"
+        )
+    symptom = Symptom(**declared)
+    try:
+        re.compile(symptom.message)
+    except re.error as error:
+        raise ForkError(
+            f'{shown}: ["{test}"] message is not a regular expression: {error}'
+        ) from None
+    return symptom
+
+
+def function_of(nodeid: str) -> str:
+    return nodeid.partition("[")[0]
+
+
+def problems(without: Outcome, declared: Declared) -> list[str]:
+    """Each failure without the fix that is not its test's declared symptom,
+    and each test function that passes without a no-regression label."""
+    found, failing = [], set()
+    for nodeid, failure in without.failures.items():
+        failing.add(function_of(nodeid))
+        kind, _, message = failure.partition(": ")
+        symptom = declared.symptoms.get(function_of(nodeid))
+        said = f"{kind}: {message.splitlines()[0][:160]}" if message else kind
+        if symptom is None:
+            found.append(f"{nodeid} failed ({said}): no symptom in {declared.path}")
+        elif symptom.no_regression:
+            found.append(
+                f"{nodeid} is declared no-regression in {declared.path} but fails "
+                f"({said})"
+            )
+        elif kind != symptom.exception or not re.search(symptom.message, message):
+            found.append(
+                f"{nodeid} failed with {said}, not its declared symptom "
+                f"{symptom.exception} matching {symptom.message!r}"
+            )
+    for function in sorted({function_of(n) for n in without.calls} - failing):
+        symptom = declared.symptoms.get(function)
+        if symptom is None or not symptom.no_regression:
+            found.append(
+                f"{function} passes without the fix: make it fail there, or say "
+                f"why it cannot (no_regression) in {declared.path}"
+            )
+    return found
+
+
+def summary(without: Outcome, declared: Declared) -> str:
+    """The table's word on a row whose declarations all hold."""
+    functions = {function_of(n) for n in without.calls}
+    matched = len({function_of(n) for n in without.failures})
+    spared = len(functions) - matched
+    return f"{matched} matched" + (f", {spared} no-regression" if spared else "")
