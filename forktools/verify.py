@@ -89,7 +89,7 @@ class BaseRun:
     tree_with_fix: str
     environments: dict[str, list[str]]
     ledger: Ledger
-    symptoms: symptoms.Declared
+    declared: symptoms.Declared  # patches/<base>/symptoms.toml
     planned: list[Planned | ForkError] = field(default_factory=list)
 
     @property
@@ -229,8 +229,8 @@ def conclude(run: BaseRun, today: str) -> list[Row]:
             rows.append(Row(run.base.name, "?", 0, None, None, 0.0, str(planned)))
             continue
         row, proof = _conclude_row(run, planned, today)
-        if row.without_fix and not symptoms.problems(row.without_fix, run.symptoms):
-            row.symptoms = symptoms.summary(row.without_fix, run.symptoms)
+        if row.without_fix and not symptoms.problems(row.without_fix, run.declared):
+            row.symptoms = symptoms.summary(row.without_fix, run.declared)
         rows.append(row)
         if proof is not None:
             proofs[proof.patch] = proof
@@ -273,15 +273,15 @@ def _conclude_row(
             today,
             planned.seconds,
         )
-        row.problem = _judge(row.with_fix, row.without_fix, run.symptoms)
+        row.problem = _judge(row.with_fix, row.without_fix, run.declared)
         # What the tests showed is kept whatever the declarations say: they
         # are judged on every run, and a fixed declaration proves nothing again.
-        observed_failing = planned.observed.failed and not planned.observed.errors
+        observed_failing = bool(planned.observed.failed) and not planned.observed.errors
         return row, proof if observed_failing else None
     assert recorded is not None
     row.without_fix, row.seconds = recorded.without_fix, recorded.seconds
     row.proof = f"reused (key {recorded.key[: ledger.KEY_SHOWN]}, {recorded.proved})"
-    row.problem = _judge(row.with_fix, row.without_fix, run.symptoms)
+    row.problem = _judge(row.with_fix, row.without_fix, run.declared)
     if planned.audited:
         assert planned.observed is not None
         row.proof = f"audited in {planned.seconds:.0f} s: " + row.proof
