@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from forktools import download, locks, venv
@@ -39,12 +40,19 @@ def python(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
 
 def environment(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
     path = download.cache_dir() / "tools" / _env_name(requirement, with_packages)
+    requirements = [r for r in (requirement, *with_packages) if r]
+    return _once(path, requirement, lambda: _install(path, requirements))
+
+
+def _once(path: Path, what: str, install: Callable[[], None]) -> Path:
+    """``path``, made by ``install`` (which marks it complete) unless a run
+    before this one did; one run at a time installs it."""
     if (path / COMPLETE).exists():
         return path
     lock = download.lock_file(f"tool-{path.name}")
-    with locks.held(lock, f"to install {requirement}"):
+    with locks.held(lock, f"to install {what}"):
         if not (path / COMPLETE).exists():
-            _install(path, [r for r in (requirement, *with_packages) if r])
+            install()
     return path
 
 
@@ -74,24 +82,23 @@ def packages(requirements: tuple[str, ...]) -> Path:
     beside what it has."""
     name = "+".join(_env_name(requirement, ()) for requirement in requirements)
     path = download.cache_dir() / "tools" / name
-    if (path / COMPLETE).exists():
-        return path
-    lock = download.lock_file(f"tool-{path.name}")
-    with locks.held(lock, f"to install {' '.join(requirements)}"):
-        if not (path / COMPLETE).exists():
-            shutil.rmtree(path, ignore_errors=True)
-            install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps"]
-            done = subprocess.run(
-                [*install, "--target", str(path), *requirements],
-                capture_output=True,
-                text=True,
-            )
-            if done.returncode != 0:
-                shutil.rmtree(path, ignore_errors=True)
-                said = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                raise ForkError(
-                    f"could not install {' '.join(requirements)} ({said}); check "
-                    "your package index settings and run the command again"
-                )
-            (path / COMPLETE).touch()
-    return path
+    what = " ".join(requirements)
+    return _once(path, what, lambda: _install_target(path, requirements))
+
+
+def _install_target(path: Path, requirements: tuple[str, ...]) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps"]
+    done = subprocess.run(
+        [*install, "--target", str(path), *requirements],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        shutil.rmtree(path, ignore_errors=True)
+        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ForkError(
+            f"could not install {' '.join(requirements)} ({said}); check "
+            "your package index settings and run the command again"
+        )
+    (path / COMPLETE).touch()
