@@ -11,6 +11,11 @@ from forktools.pins import Base, ForkError
 
 def problems(base: Base) -> list[str]:
     """Every way in which the base's tree and queue disagree; empty if none."""
+    return export_problems(base) + rebased_from_current(base) + declared_symptoms(base)
+
+
+def export_problems(base: Base) -> list[str]:
+    """Every way in which ``patches/<base>`` is not the exported tree."""
     unlisted = _unlisted(base)
     if unlisted:
         return unlisted
@@ -30,8 +35,6 @@ def problems(base: Base) -> list[str]:
         found += _round_trip(base, tree)
     found += _applies_alone(base, tree)
     found += _without_fix_diffs(base)
-    found += rebased_from_current(base)
-    found += declared_symptoms(base)
     return found
 
 

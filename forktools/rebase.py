@@ -151,10 +151,8 @@ def _record_port(source: Base, name: str) -> None:
             f"none (no complete {REPORT_JSON}): run `make rebase TO="
             f"{name.removeprefix('v')}` first"
         )
-    target = pins.load().get(name)
-    # The port is what ends the one problem that names the changed source.
-    unported = check.rebased_from_current(target)
-    problems = [p for p in check.problems(target) if p not in unported]
+    # The proof of the ported queue comes after, from `make verify`.
+    problems = check.export_problems(pins.load().get(name))
     if problems:
         raise ForkError(
             f"PORTED=1: patches/{name} is not the exported tree yet, so it cannot "

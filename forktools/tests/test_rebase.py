@@ -213,20 +213,22 @@ def test_rerun_of_a_finished_rebase_changes_nothing(project):
     assert (_files(project.root), git(tree, "rev-parse", "HEAD")) == before
 
 
-def test_changed_source_queue_stops_a_rerun(project):
+def _rebase_then_change_source(project) -> None:
+    """A finished rebase to NEW whose source queue then changes."""
     _queue(project, ("vllm/core.py", "return 10\n", "return 100\n"))
     publish(project.index, NEW, SHIFTED)
     rebase.rebase(NEW)
     _queue(project, ("vllm/core.py", "return 11\n", "return 111\n"))
+
+
+def test_changed_source_queue_stops_a_rerun(project):
+    _rebase_then_change_source(project)
     with pytest.raises(ForkError, match="has changed since.*PORTED=1"):
         rebase.rebase(NEW)
 
 
 def test_a_recorded_port_makes_the_rebase_current_again(project):
-    _queue(project, ("vllm/core.py", "return 10\n", "return 100\n"))
-    publish(project.index, NEW, SHIFTED)
-    rebase.rebase(NEW)
-    _queue(project, ("vllm/core.py", "return 11\n", "return 111\n"))
+    _rebase_then_change_source(project)
     target = pins.load().get(f"v{NEW}")
     assert any("has changed since" in p for p in check.problems(target))
     report = rebase.rebase(NEW, ported=True)
@@ -251,6 +253,18 @@ def test_a_port_is_not_recorded_into_an_unexported_queue(project):
     with pytest.raises(ForkError, match="(?s)not the exported tree.*unexported edit"):
         rebase.rebase(NEW, ported=True)
     assert report.read_text() == before
+
+
+def test_a_port_is_recorded_before_make_verify_proves_it(project):
+    _rebase_then_change_source(project)
+    target = pins.load().get(f"v{NEW}")
+    # What verify settles, not export: a declaration the port made stale.
+    (target.patch_dir / "symptoms.toml").write_text("[unclosed\n")
+
+    rebase.rebase(NEW, ported=True)
+
+    [problem] = check.problems(target)
+    assert "symptoms.toml" in problem
 
 
 def test_published_hash_mismatch_names_the_file_and_pins_nothing(project):
