@@ -15,7 +15,7 @@ jobs_arg = $(if $(JOBS),--jobs $(JOBS))
 proof_args = $(if $(FRESH),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check status verify lint test test-tooling venv engine pr bench rebase wheel
+.PHONY: help fork export check status verify read-only lint test test-tooling venv engine pr bench rebase wheel
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ status: ## table: base, patch, subject, upstream status, newer releases (FETCH=1
 verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT=n rows proved again; JOBS=n; HUNKS=1 [PATCH=n]: each fix hunk reverted alone)
 	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args) $(if $(HUNKS),--hunks $(if $(PATCH),--patch $(PATCH)))
 
+read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip
+	$(forktools) read-only $(base_arg)
+
 lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)
 
@@ -51,7 +54,7 @@ engine: ## build the CPU engine environments (cached; SMOKE=1 runs the engine on
 test-tooling: ## the tooling's own tests (about a minute on 2 CPUs; the first run installs pytest-xdist into the cache)
 	$(forktools) test-tooling
 
-test: ## everything CI runs: tooling tests, lint, check, verify
+test: ## everything CI runs: tooling tests, lint, check, verify, read-only tests
 	$(forktools) test $(base_arg) $(jobs_arg) $(proof_args)
 
 pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body

@@ -90,6 +90,13 @@ def cmd_lint(args) -> int:
     return lint.main(_bases(args))
 
 
+def cmd_read_only(args) -> int:
+    """The queue's read-only cache tests again, with every capability dropped."""
+    from forktools import readonly
+
+    return readonly.main(_bases(args))
+
+
 def cmd_bench(args) -> int:
     """Fork vs pristine costs, written to BENCHMARKS.md."""
     from forktools import bench
@@ -213,7 +220,7 @@ def _tooling_tests(python: str) -> int:
 
 
 def cmd_test(args) -> int:
-    """Everything CI runs: tooling tests, lint, check, verify."""
+    """Everything CI runs: tooling tests, lint, check, verify, read-only tests."""
     import time
 
     bases = _bases(args)
@@ -232,6 +239,7 @@ def cmd_test(args) -> int:
         "lint": lambda: cmd_lint(args),
         "check": lambda: cmd_check(args),
         "verify": lambda: cmd_verify(args),
+        "read-only tests": lambda: cmd_read_only(args),
     }
     failed, minutes = [], []
     for name, stage in stages.items():
@@ -263,6 +271,7 @@ COMMANDS = {
     "wheel": cmd_wheel,
     "venv": cmd_venv,
     "engine-env": cmd_engine_env,
+    "read-only": cmd_read_only,
     "test": cmd_test,
     "test-tooling": cmd_test_tooling,
 }

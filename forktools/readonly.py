@@ -1,0 +1,97 @@
+"""The queue's read-only cache tests, run again without capabilities.
+
+As root, a directory's mode stops no write (CAP_DAC_OVERRIDE), so there
+those tests make a cache read-only with a bind mount; unprivileged, as on
+upstream's CI, they use file modes instead. ``make verify`` runs every
+row's tests with its fix as the caller, the bind mount where CI runs as
+root; this stage runs the read-only ones again with every capability
+dropped, so that both ways run, and fails on a skip.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from forktools import git, materialize, prove, venv
+from forktools.pins import Base, ForkError
+
+READ_ONLY_TEST = re.compile(r"^def (test_read_only\w*)\(", re.MULTILINE)
+DROP_CAPABILITIES = ("setpriv", "--inh-caps=-all", "--bounding-set=-all", "--")
+
+
+def read_only_tests(tree: Path) -> list[str]:
+    """The read-only tests of the files the queue adds or changes."""
+    changed = git.out(tree, "diff", "--name-only", "base", "HEAD", "--", "tests")
+    return [
+        f"{path}::{name}"
+        for path in sorted(changed.split())
+        if path.endswith(".py") and (tree / path).exists()
+        for name in READ_ONLY_TEST.findall((tree / path).read_text())
+    ]
+
+
+def problems(nodeids: list[str], outcome: prove.Outcome) -> list[str]:
+    """Each read-only test that did not run and pass, every case of it."""
+    found = [f"{nodeid}: {outcome.calls[nodeid]}" for nodeid in sorted(outcome.calls)]
+    found = [line for line in found if not line.endswith(": passed")]
+    ran = {nodeid.partition("[")[0] for nodeid in outcome.calls}
+    found += [f"{nodeid}: did not run" for nodeid in nodeids if nodeid not in ran]
+    return found + outcome.errors
+
+
+def _python_without_capabilities(python: Path, folder: Path) -> Path:
+    """A stand-in for ``python`` that runs it with every capability dropped."""
+    shim = folder / "python"
+    shim.write_text(f'#!/bin/sh\nexec {" ".join(DROP_CAPABILITIES)} "{python}" "$@"\n')
+    shim.chmod(0o755)
+    return shim
+
+
+def main(bases: list[Base]) -> int:
+    """Each base's read-only tests, up to one base per CPU at once."""
+    import concurrent.futures
+
+    from forktools import verify
+
+    if shutil.which(DROP_CAPABILITIES[0]) is None:
+        raise ForkError(
+            "the read-only tests without capabilities need setpriv (util-linux): "
+            "`apt-get install util-linux`"
+        )
+    runs = []
+    for base in bases:
+        tree = materialize.ensure(base)
+        nodeids = read_only_tests(tree)
+        if nodeids:
+            runs.append((base, tree, nodeids))
+        else:
+            print(f"read-only: {base.name}: the queue has no read-only test")
+    workers = verify.default_jobs()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        concurrent.futures.ThreadPoolExecutor(workers) as pool,
+    ):
+        failed = [
+            name for name in pool.map(lambda r: _run(*r, Path(tmp)), runs) if name
+        ]
+    return 1 if failed else 0
+
+
+def _run(base: Base, tree: Path, nodeids: list[str], tmp: Path) -> str:
+    """Runs ``nodeids`` without capabilities; the base's name if a case did
+    not pass, else ""."""
+    folder = tmp / base.name
+    folder.mkdir()
+    python = _python_without_capabilities(venv.ensure(base), folder)
+    label = f"{base.name} read-only, no capabilities"
+    outcome = prove.run_tests(python, tree, nodeids, label=label)
+    found = problems(nodeids, outcome)
+    for problem in found:
+        print(f"read-only: {base.name}: {problem}", file=sys.stderr, flush=True)
+    if not found:
+        print(f"read-only: {base.name}: {outcome.passed} passed", flush=True)
+    return base.name if found else ""

@@ -1,0 +1,60 @@
+import subprocess
+import sys
+
+from forktools import materialize, prove, readonly
+
+from .conftest import git
+
+READ_ONLY = "def test_read_only_cache(tmp_path):\n    pass\n\n\ndef test_other():\n    pass\n"
+
+
+def test_read_only_tests_are_those_of_the_queue(project):
+    materialize.ensure(project.base)
+    (project.tree / "tests" / "test_core.py").write_text(
+        "def test_read_only_upstream():\n    pass\n"
+    )
+    git(project.tree, "add", "tests/test_core.py")
+    project.commit("tests/test_cache.py", READ_ONLY, "[Bugfix] Cache read-only")
+
+    # test_core.py is the release's own file, changed by the queue.
+    assert readonly.read_only_tests(project.tree) == [
+        "tests/test_cache.py::test_read_only_cache",
+        "tests/test_core.py::test_read_only_upstream",
+    ]
+
+
+def test_a_skipped_case_or_a_test_not_run_is_named():
+    nodeids = ["a.py::test_read_only_x", "a.py::test_read_only_y"]
+    skip = "a.py::test_read_only_x[split]: skipped: cannot mount read-only"
+    outcome = prove.Outcome(
+        calls={
+            "a.py::test_read_only_x[mega]": "passed",
+            "a.py::test_read_only_x[split]": "skipped",
+        },
+        errors=[skip],
+    )
+
+    assert readonly.problems(nodeids, outcome) == [
+        "a.py::test_read_only_x[split]: skipped",
+        "a.py::test_read_only_y: did not run",
+        skip,
+    ]
+    passed = prove.Outcome(calls={f"{nodeids[0]}[mega]": "passed"})
+    assert readonly.problems(nodeids[:1], passed) == []
+
+
+def test_the_stand_in_python_cannot_write_past_file_modes(tmp_path):
+    read_only = tmp_path / "read-only"
+    read_only.mkdir(mode=0o555)
+    python = readonly._python_without_capabilities(
+        sys.executable, tmp_path
+    )
+
+    proc = subprocess.run(
+        [python, "-c", f"open({str(read_only / 'file')!r}, 'w')"],
+        capture_output=True,
+        text=True,
+    )
+
+    assert "PermissionError" in proc.stderr
+    assert not (read_only / "file").exists()
