@@ -36,8 +36,8 @@ def read_only_tests(tree: Path) -> list[str]:
 
 def problems(nodeids: list[str], outcome: prove.Outcome) -> list[str]:
     """Each read-only test that did not run and pass, every case of it."""
-    found = [f"{nodeid}: {outcome.calls[nodeid]}" for nodeid in sorted(outcome.calls)]
-    found = [line for line in found if not line.endswith(": passed")]
+    calls = sorted(outcome.calls.items())
+    found = [f"{nodeid}: {result}" for nodeid, result in calls if result != "passed"]
     ran = {nodeid.partition("[")[0] for nodeid in outcome.calls}
     found += [f"{nodeid}: did not run" for nodeid in nodeids if nodeid not in ran]
     return found + outcome.errors
