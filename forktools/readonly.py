@@ -10,7 +10,6 @@ dropped, so that both ways run, and fails on a skip.
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import tempfile
@@ -19,19 +18,16 @@ from pathlib import Path
 from forktools import git, materialize, prove, venv
 from forktools.pins import Base, ForkError
 
-READ_ONLY_TEST = re.compile(r"^def (test_read_only\w*)\(", re.MULTILINE)
+READ_ONLY = "test_read_only"
 DROP_CAPABILITIES = ("setpriv", "--inh-caps=-all", "--bounding-set=-all", "--")
 
 
 def read_only_tests(tree: Path) -> list[str]:
-    """The read-only tests of the files the queue adds or changes."""
-    changed = git.out(tree, "diff", "--name-only", "base", "HEAD", "--", "tests")
-    return [
-        f"{path}::{name}"
-        for path in sorted(changed.split())
-        if path.endswith(".py") and (tree / path).exists()
-        for name in READ_ONLY_TEST.findall((tree / path).read_text())
-    ]
+    """The read-only tests among those the queue's commits add, which are
+    the tests ``make verify`` runs."""
+    commits = git.out(tree, "rev-list", "base..HEAD").split()
+    added = [nodeid for commit in commits for nodeid in prove.added_tests(tree, commit)]
+    return sorted({n for n in added if n.partition("::")[2].startswith(READ_ONLY)})
 
 
 def problems(nodeids: list[str], outcome: prove.Outcome) -> list[str]:
