@@ -7,6 +7,8 @@ are byte-identical on every machine.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import re
@@ -48,18 +50,30 @@ def run(
     input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
     _require_git(shutil.which("git"))
-    result = subprocess.run(
-        ["git", "-C", str(tree), "-c", "core.abbrev=12", *args],
-        env=_env(env),
-        input=input,
-        capture_output=True,
-        text=True,
-    )
+    worktrees = args[:1] == ("worktree",)
+    with _worktrees_locked(tree) if worktrees else contextlib.nullcontext():
+        result = subprocess.run(
+            ["git", "-C", str(tree), "-c", "core.abbrev=12", *args],
+            env=_env(env),
+            input=input,
+            capture_output=True,
+            text=True,
+        )
     if check and result.returncode != 0:
         raise ForkError(
             f"git {' '.join(args)} failed in {tree}:\n{result.stderr.strip()}"
         )
     return result
+
+
+@contextlib.contextmanager
+def _worktrees_locked(tree: Path):
+    """One ``git worktree`` command at a time per repository: a prune run
+    beside another thread's add deletes the worktree that add is making."""
+    common = tree / out(tree, "rev-parse", "--git-common-dir")
+    with open(common / "vllm-fork-worktrees.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @functools.cache

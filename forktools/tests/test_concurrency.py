@@ -1,13 +1,16 @@
 """Two runs at once, in one clone or in two sharing a cache, wait for each
 other: no error, one download."""
 
+import concurrent.futures
 import shutil
 import subprocess
 import sys
 
 import pytest
 
-from .conftest import copy_tooling
+from forktools import materialize, prove
+
+from .conftest import copy_tooling, git
 
 SLOW_FORK = """
 import sys, time
@@ -54,3 +57,22 @@ def test_two_forks_of_one_base_at_once(project, tmp_path, clones):
         assert (root / "vllm" / "core.py").exists()
         status = ["git", "-C", str(root / "vllm"), "status", "--porcelain"]
         assert subprocess.run(status, capture_output=True, text=True).stdout == ""
+
+
+def test_checkouts_of_one_tree_at_once(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").touch()
+    (tree / materialize.VERSION_FILE).write_text("__version__ = '9.9.9'\n")
+    git(tree.parent, "init", "-q", str(tree))
+    git(tree, "add", "vllm/__init__.py")
+    git(tree, "commit", "-q", "-m", "base")
+
+    def check_out_and_read(_):
+        with prove.checkout(tree) as path:
+            return (path / materialize.VERSION_FILE).read_text()
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        versions = list(pool.map(check_out_and_read, range(48)))
+    assert versions == ["__version__ = '9.9.9'\n"] * 48
+    assert git(tree, "worktree", "list").count("\n") == 1
