@@ -63,5 +63,5 @@ pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body
 rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests; PORTED=1 records a hand port), with a report
 	$(forktools) rebase --to $(TO) $(if $(PROBE),--probe-tests) $(if $(PORTED),--ported)
 
-bench: ## fork vs pristine costs, written to BENCHMARKS.md (VLLM_FORK_BENCH_INSTALL=0: quick)
-	$(forktools) bench $(base_arg)
+bench: ## fork vs pristine costs, written to BENCHMARKS.md (FIGURES=fleet,...: only those; VLLM_FORK_BENCH_INSTALL=0: quick)
+	$(forktools) bench $(base_arg) $(if $(FIGURES),--figures $(FIGURES))

@@ -13,9 +13,12 @@ of the machinery, not the figure).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -23,10 +26,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from forktools import engine, git, materialize, pins, prove, tools, venv
 from forktools.pins import ROOT, Base, ForkError
@@ -45,7 +49,19 @@ AOT_KEY_TREES = {"plain": "", "lora": ", LoRA-wrapped linears"}
 AOT_WARM_RUNS = 3
 AOT_ARTIFACT_FORMATS = ("default", "eager-split")
 ENGINE_WARM_OVER_COLD = 0.8
-HEADER = ("#", "figure", "base", "measured", "goal", "holds")
+FLEET_REPLICAS = 4
+RANK_LAYOUTS = {
+    "TP=2": {"tensor_parallel_size": 2},
+    "PP=2": {"pipeline_parallel_size": 2},
+}
+# One rank per core; without it the CPU worker asserts "Not enough allowed NUMA nodes".
+RANK_ENV = {"VLLM_USE_AOT_COMPILE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+SAME_PID = ("unshare", "--pid", "--fork", "--mount-proc")
+_PATH_DIRS = re.compile(r"(?<=[\s'\"(])/\S*/")  # a path's directories, in messages
+HEADER = ("#", "figure", "base", "measured", "goal", "holds", "when")
+_EARLIER_RUN = re.compile(
+    r"Written by `make bench` on (.+?) UTC \(.*?load average\s+(\S+)", re.DOTALL
+)
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,7 @@ class Row:
     measured: str
     goal: str
     holds: str
+    when: str = ""
 
     @property
     def failed(self) -> bool:
@@ -86,18 +103,11 @@ def run_script(
     python: Path, tree: Path, name: str, *args: str, extra_env: dict | None = None
 ) -> dict:
     """Run ``forktools/benchmarks/<name>.py`` against ``tree``; its JSON result."""
-    env = dict(
-        os.environ,
-        VLLM_TARGET_DEVICE="cpu",
-        PYTHONPATH=os.pathsep.join([str(tree), str(prove.HARNESS)]),
-        HF_HUB_OFFLINE="1",
-        **(extra_env or {}),
-    )
     script = BENCHMARKS / f"{name}.py"
     result = subprocess.run(
         [str(python), str(script), *args],
         cwd=tree,
-        env=env,
+        env=_script_env(tree, extra_env),
         capture_output=True,
         text=True,
     )
@@ -107,6 +117,16 @@ def run_script(
             f"{result.stderr[-3000:]}"
         )
     return json.loads(result.stdout)
+
+
+def _script_env(tree: Path, extra_env: dict | None = None) -> dict[str, str]:
+    return dict(
+        os.environ,
+        VLLM_TARGET_DEVICE="cpu",
+        PYTHONPATH=os.pathsep.join([str(tree), str(prove.HARNESS)]),
+        HF_HUB_OFFLINE="1",
+        **(extra_env or {}),
+    )
 
 
 def interleaved(
@@ -384,9 +404,18 @@ def lora_mapping(bases: list[Base]) -> list[Row]:
     ]
 
 
-def engine_startup_runs(base: Base, python: Path, work: Path) -> dict[str, dict]:
+def engine_startup_runs(
+    base: Base,
+    python: Path,
+    work: Path,
+    start_engine: Callable[..., Any] = engine.run_engine,
+    **env: str,
+) -> dict[str, dict]:
     """Cold then warm engine starts of the fork tree and of its pristine
-    ``base`` checkout, each tree on a cache root of its own, alternating."""
+    ``base`` checkout, each tree on a cache root of its own, alternating.
+    ``start_engine(python, model, environment, log)`` starts one (default:
+    ``LLM`` with LoRA); ``env`` replaces ``engine.AOT_COMPILE`` in each
+    start's environment."""
     tree = materialize.ensure(base)
     engine.make_model(python, work / "model")
     runs: dict[str, dict] = {"fork": {}, "pristine": {}}
@@ -399,14 +428,15 @@ def engine_startup_runs(base: Base, python: Path, work: Path) -> dict[str, dict]
                 _progress(f"{base.name} engine {start} start: {name}")
                 # Inductor's own cache too, or the cold start would find
                 # the graphs that an earlier run on this machine compiled.
-                env = engine.environment(
+                environment = engine.environment(
                     trees[name],
                     work / f"cache-{name}",
                     TORCHINDUCTOR_CACHE_DIR=str(work / f"inductor-{name}"),
-                    **engine.AOT_COMPILE,
+                    **(env or engine.AOT_COMPILE),
                 )
-                runs[name][start] = engine.run_engine(
-                    python, work / "model", env, work / f"{name}-{start}.log"
+                log = work / f"{name}-{start}.log"
+                runs[name][start] = start_engine(
+                    python, work / "model", environment, log
                 )
     return runs
 
@@ -442,15 +472,10 @@ def engine_startup(bases: list[Base]) -> list[Row]:
     goal = f"<= {ENGINE_WARM_OVER_COLD}, loaded"
     rows = []
     for base in bases:
-        python = venv.ensure_engine(base)
-        if python is None:
+        runs = _engine_runs(base)
+        if runs is None:
             rows.append(_skipped(6, figure, base.name, goal, "no engine pinned"))
             continue
-        work = Path(tempfile.mkdtemp(prefix="vllm-fork-bench-engine-"))
-        try:
-            runs = engine_startup_runs(base, python, work)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
         ratio, fork_text = _startup("fork", runs["fork"])
         _, pristine_text = _startup("pristine", runs["pristine"])
         warm = runs["fork"]["warm"]
@@ -461,6 +486,233 @@ def engine_startup(bases: list[Base]) -> list[Row]:
         )
         measured = f"{fork_text}; {pristine_text}"
         rows.append(Row(6, figure, base.name, measured, goal, _verdict(holds)))
+    return rows
+
+
+def _engine_runs(base: Base, *args, **kwargs) -> dict[str, dict] | None:
+    """``engine_startup_runs`` in a scratch directory; None without an engine."""
+    python = venv.ensure_engine(base)
+    if python is None:
+        return None
+    work = Path(tempfile.mkdtemp(prefix="vllm-fork-bench-engine-"))
+    try:
+        return engine_startup_runs(base, python, work, *args, **kwargs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _rank_start(name: str, runs: dict) -> str:
+    cold, warm = runs["cold"], runs["warm"]
+    loads = warm.events[engine.AOT_LOADED]
+    text = f"{name} cold {cold.startup_s:.0f} s, warm {warm.startup_s:.0f} s, "
+    text += f"{loads} AOT loads"
+    if warm.events[engine.RECOMPILED]:
+        text += ", compiled again"
+    if warm.base != cold.base:
+        text += ", tokens differ"
+    return text
+
+
+def engine_ranks(bases: list[Base]) -> list[Row]:
+    """The CPU engine with two ranks: tensor-parallel, then pipeline-parallel.
+
+    ``LLM(...)`` of the tiny Llama without LoRA, ``tensor_parallel_size=2``
+    or ``pipeline_parallel_size=2``, vLLM's multiprocess executor with each
+    rank bound to one core (``VLLM_CPU_OMP_THREADS_BIND="0|1"``) and
+    ``VLLM_USE_AOT_COMPILE=1``, in the base's CPU engine environment. Fork and
+    pristine each start cold on a cache root of their own, then warm on it,
+    alternating, as ``engine_startup`` does. Measured: ``LLM(...)``'s own
+    seconds cold and warm, and the AOT loads the warm start's log reports
+    (one per rank when every rank loads). Holds when the fork's warm start
+    loaded on both ranks, compiled nothing again and gave the cold start's
+    tokens.
+    """
+    rows = []
+    for layout, engine_args in RANK_LAYOUTS.items():
+        figure = f"CPU engine {layout}, cold and warm LLM(...) (AOT, no LoRA)"
+        goal = "warm: 2 loads, 0 recompiles, same tokens"
+        for base in bases:
+            start = functools.partial(engine.run_engine, enable_lora=0, **engine_args)
+            runs = _engine_runs(base, start_engine=start, **RANK_ENV)
+            if runs is None:
+                rows.append(_skipped(8, figure, base.name, goal, "no engine pinned"))
+                continue
+            warm, cold = runs["fork"]["warm"], runs["fork"]["cold"]
+            holds = (
+                warm.events[engine.AOT_LOADED] == 2
+                and not warm.events[engine.RECOMPILED]
+                and warm.base == cold.base
+            )
+            measured = "; ".join(_rank_start(n, runs[n]) for n in ("fork", "pristine"))
+            rows.append(Row(8, figure, base.name, measured, goal, _verdict(holds)))
+    return rows
+
+
+def server_startup(bases: list[Base]) -> list[Row]:
+    """The OpenAI API server's start-up, cold and then warm on its cache.
+
+    ``python -m vllm.entrypoints.openai.api_server`` (what ``vllm serve``
+    runs) on the tiny Llama with ``VLLM_USE_AOT_COMPILE=1``, without LoRA
+    (with LoRA the CPU platform runs eager and saves no artifact), in the
+    base's CPU engine environment. Fork and pristine each start cold on a
+    cache root of their own, then warm on it, alternating; each start is
+    timed from the process's launch until ``/health`` answers, then answers
+    one greedy ``/v1/completions`` request and is stopped. Holds when the
+    fork's warm start loaded the AOT artifact, compiled nothing again,
+    answered as the cold start did, and was ready in at most
+    ``ENGINE_WARM_OVER_COLD`` (0.8) of the cold start's time.
+    """
+    figure = "API server start-up until /health, warm / cold (AOT)"
+    goal = f"<= {ENGINE_WARM_OVER_COLD}, loaded"
+    rows = []
+    for base in bases:
+        env = {"VLLM_USE_AOT_COMPILE": "1"}
+        runs = _engine_runs(base, engine.serve_once, **env)
+        if runs is None:
+            rows.append(_skipped(9, figure, base.name, goal, "no engine pinned"))
+            continue
+        texts = {name: _server_text(name, runs[name]) for name in runs}
+        cold, warm = runs["fork"]["cold"], runs["fork"]["warm"]
+        holds = (
+            warm.ready_s <= ENGINE_WARM_OVER_COLD * cold.ready_s
+            and warm.events[engine.AOT_LOADED] > 0
+            and not warm.events[engine.RECOMPILED]
+            and warm.answer == cold.answer
+        )
+        measured = f"{texts['fork']}; {texts['pristine']}"
+        rows.append(Row(9, figure, base.name, measured, goal, _verdict(holds)))
+    return rows
+
+
+def _server_text(name: str, runs: dict) -> str:
+    cold, warm = runs["cold"], runs["warm"]
+    loaded = "loaded" if warm.events[engine.AOT_LOADED] else "not loaded"
+    if warm.events[engine.RECOMPILED]:
+        loaded += ", compiled again"
+    ratio = warm.ready_s / cold.ready_s
+    return f"{name} {ratio:.2f} ({warm.ready_s:.1f} / {cold.ready_s:.1f} s, {loaded})"
+
+
+def fleet_phase(python: Path, tree: Path, work: Path, phase: str) -> list[dict]:
+    """``FLEET_REPLICAS`` replicas of ``fleet_replica.py`` at once on one cache
+    root, each PID 1 of its own PID namespace; a crashed one is ``{"error"}``."""
+    with ExitStack() as logs:
+        started = []
+        for number in range(FLEET_REPLICAS):
+            log = work / f"{phase}{number}.log"
+            proc = subprocess.Popen(
+                [*SAME_PID, str(python), str(BENCHMARKS / "fleet_replica.py")],
+                cwd=tree,
+                env=_script_env(tree, _replica_env(work, phase, number)),
+                stdout=subprocess.PIPE,
+                stderr=logs.enter_context(open(log, "w")),
+                text=True,
+            )
+            started.append((proc, log))
+        return [_replica_result(proc, log) for proc, log in started]
+
+
+def _replica_env(work: Path, phase: str, number: int) -> dict[str, str]:
+    env = {
+        "VLLM_CACHE_ROOT": str(work / "vllm_cache"),
+        "FLEET_REPLICA": f"{phase}{number}",
+        # Each replica's own, as in separate containers.
+        "TORCHINDUCTOR_CACHE_DIR": str(work / f"{phase}{number}-inductor"),
+    }
+    if phase == "writer":
+        env["FLEET_BARRIER"] = str(work / "barrier")
+        env["FLEET_REPLICAS"] = str(FLEET_REPLICAS)
+    return env
+
+
+def _replica_result(proc: subprocess.Popen, log: Path) -> dict:
+    output, _ = proc.communicate()
+    if proc.returncode == 0:
+        return json.loads(output)
+    lines = log.read_text(errors="replace").strip().splitlines()
+    return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
+
+
+def fleet_runs(base: Base) -> dict[str, dict[str, list[dict]]]:
+    """Writers then readers, on the fork tree and on its pristine checkout."""
+    tree = materialize.ensure(base)
+    python = venv.ensure(base)
+    runs: dict[str, dict[str, list[dict]]] = {}
+    with checkout(tree, "HEAD") as fork, checkout(tree, "base") as pristine:
+        for name, checkout_dir in (("pristine", pristine), ("fork", fork)):
+            with tempfile.TemporaryDirectory(prefix="vllm-fork-bench-fleet-") as tmp:
+                work = Path(tmp)
+                runs[name] = {}
+                for phase in ("writer", "reader"):
+                    _progress(f"{base.name} fleet, {FLEET_REPLICAS} {phase}s: {name}")
+                    runs[name][phase] = fleet_phase(python, checkout_dir, work, phase)
+                left = (work / "vllm_cache").rglob("*.tmp")
+                runs[name]["tmp_left"] = [{"path": str(path)} for path in left]
+    return runs
+
+
+def _fleet_counts(run: dict[str, list[dict]]) -> tuple[int, int, int, int]:
+    """Writers correct, saves landed without a warning, readers warm, *.tmp."""
+    writers = [writer for writer in run["writer"] if "error" not in writer]
+    if any(writer["barrier_timed_out"] for writer in writers):
+        raise ForkError(f"the writers' renames did not overlap: {run['writer']}")
+    readers = [reader for reader in run["reader"] if "error" not in reader]
+    return (
+        sum(writer["correct"] for writer in writers),
+        sum(
+            writer["aot_artifacts_saved"] == 1 and _clean(writer) for writer in writers
+        ),
+        sum(r["correct"] and r["loaded_from_disk"] and _clean(r) for r in readers),
+        len(run["tmp_left"]),
+    )
+
+
+def _clean(replica: dict) -> bool:
+    return "error" not in replica and not replica["warnings"]
+
+
+def _fleet_text(name: str, run: dict[str, list[dict]]) -> str:
+    correct, landed, warm, left = _fleet_counts(run)
+    n = FLEET_REPLICAS
+    text = (
+        f"{name}: {correct}/{n} writers correct, {landed}/{n} saves landed, "
+        f"{warm}/{n} readers warm, {left} *.tmp"
+    )
+    faults = {
+        _PATH_DIRS.sub("…/", writer.get("error") or writer["warnings"][0])
+        for writer in run["writer"]
+        if not _clean(writer)
+    }
+    if faults:
+        text += f" ({'; '.join(sorted(faults))})"
+    return text
+
+
+def fleet(bases: list[Base]) -> list[Row]:
+    """Identical replicas on one shared cache, as a fleet of containers runs.
+
+    Four cold writers at once, each PID 1 of a PID namespace of its own
+    (``unshare --pid --fork --mount-proc``, as containers of one image), on
+    one ``VLLM_CACHE_ROOT``, compile ``aot_warm_start``'s model (2 blocks)
+    in the base's default artifact format with real Inductor and AOT
+    compile; each holds its renames of vLLM's saves into the cache at a
+    barrier until all four are there, as replicas finishing one compile
+    together would. Then four readers at once. The pristine ``base``
+    checkout, then fork tree HEAD, each on a cache root of its own. Counted:
+    writers that exit cleanly with correct outputs, writers whose AOT save
+    landed without a compile-cache warning, readers that load warm with no
+    warning, and ``*.tmp`` files left in the cache. Counts, not times: they
+    hold on a loaded machine.
+    """
+    figure = f"fleet: {FLEET_REPLICAS} same-PID replicas on one cache, then readers"
+    goal = f"{FLEET_REPLICAS}/{FLEET_REPLICAS} each, 0 *.tmp"
+    rows = []
+    for base in bases:
+        runs = fleet_runs(base)
+        correct, landed, warm, left = _fleet_counts(runs["fork"])
+        holds = min(correct, landed, warm) == FLEET_REPLICAS and left == 0
+        measured = "; ".join(_fleet_text(name, runs[name]) for name in runs)
+        rows.append(Row(7, figure, base.name, measured, goal, _verdict(holds)))
     return rows
 
 
@@ -580,11 +832,22 @@ FIGURES: list[Callable[[list[Base]], list[Row]]] = [
     install_time,
     uv_install_time,
     engine_startup,
+    engine_ranks,
+    server_startup,
+    fleet,
 ]
 
 
 def _cells(row: Row) -> tuple[str, ...]:
-    return (str(row.number), row.figure, row.base, row.measured, row.goal, row.holds)
+    return (
+        str(row.number),
+        row.figure,
+        row.base,
+        row.measured,
+        row.goal,
+        row.holds,
+        row.when,
+    )
 
 
 def markdown(rows: list[Row]) -> str:
@@ -594,20 +857,37 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(table)
 
 
-def report(rows: list[Row], started: datetime, load: float) -> str:
+def report(rows: list[Row]) -> str:
     how = "\n".join(
         f"- **{func.__name__}**: " + " ".join(func.__doc__.split()) for func in FIGURES
     )
     return (
         "# Benchmarks\n\n"
-        f"Written by `make bench` on {started:%Y-%m-%d %H:%M} UTC "
-        f"({platform.machine()}, {os.cpu_count()} CPUs, load average "
-        f"{load:.1f} at the start). Each figure is the fork against pristine "
-        "upstream measured side by side in one run, so the ratios hold on a "
-        "loaded machine; the absolute times beside them do not.\n\n"
+        f"Written by `make bench` ({platform.machine()}, {os.cpu_count()} CPUs); "
+        "each row says when its run started and the load average then. Each "
+        "figure is the fork against pristine upstream measured side by side in "
+        "one run, so the ratios hold on a loaded machine; the absolute times "
+        "beside them do not. `make bench FIGURES=fleet,...` measures only the "
+        "figures named and keeps the other rows.\n\n"
         f"{markdown(rows)}\n\n## How each figure is measured\n\n{how}\n"
         f"{_fault_matrix()}"
     )
+
+
+def earlier_rows(text: str) -> list[Row]:
+    """The rows of an earlier BENCHMARKS.md; those written before the table had
+    a "when" column take the date its header gave."""
+    earlier = _EARLIER_RUN.search(text)
+    when = f"{earlier[1]} (load {earlier[2].rstrip(',.')})" if earlier else "?"
+    rows = []
+    for line in text.split("\n## ", 1)[0].splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+        if line.startswith("| ") and cells[0].isdigit():
+            if len(cells) == len(HEADER) - 1:
+                cells.append(when)
+            if len(cells) == len(HEADER):
+                rows.append(Row(int(cells[0]), *cells[1:]))
+    return rows
 
 
 def _fault_matrix() -> str:
@@ -618,11 +898,33 @@ def _fault_matrix() -> str:
     return "\n" + FAULT_MATRIX.read_text()
 
 
-def main(bases: list[Base]) -> int:
-    started = datetime.now(timezone.utc)
-    load = os.getloadavg()[0]
-    rows = [row for figure in FIGURES for row in figure(bases)]
+def main(bases: list[Base], names: list[str] | None = None) -> int:
+    figures = selected(names)
+    when = (
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} (load {os.getloadavg()[0]:.1f})"
+    )
+    rows = [
+        dataclasses.replace(row, when=when)
+        for figure in figures
+        for row in figure(bases)
+    ]
     print(render([HEADER, *(_cells(row) for row in rows)]))
-    BENCH_FILE.write_text(report(rows, started, load))
+    if names:
+        measured = {(row.number, row.base) for row in rows}
+        kept = earlier_rows(BENCH_FILE.read_text()) if BENCH_FILE.exists() else []
+        rows += [row for row in kept if (row.number, row.base) not in measured]
+        rows.sort(key=lambda row: row.number)
+    BENCH_FILE.write_text(report(rows))
     print(f"\nwritten to {BENCH_FILE}")
     return 1 if any(row.failed for row in rows) else 0
+
+
+def selected(names: list[str] | None) -> list[Callable[[list[Base]], list[Row]]]:
+    """The figures named (every figure for None), in the table's order."""
+    known = {figure.__name__: figure for figure in FIGURES}
+    unknown = sorted(set(names or []) - set(known))
+    if unknown:
+        raise ForkError(
+            f"no figure named {', '.join(unknown)}; the figures are {', '.join(known)}"
+        )
+    return [figure for name, figure in known.items() if not names or name in names]

@@ -101,7 +101,8 @@ def cmd_bench(args) -> int:
     """Fork vs pristine costs, written to BENCHMARKS.md."""
     from forktools import bench
 
-    return bench.main(_bases(args))
+    names = args.figures.split(",") if args.figures else None
+    return bench.main(_bases(args), names)
 
 
 def cmd_pr(args) -> int:
@@ -325,6 +326,11 @@ def parser() -> argparse.ArgumentParser:
         "at a made-up domain (DCO needs a person's), for a fork-only patch "
         "(Upstream-Status: Inappropriate), and for a backport of a fix upstream "
         "has released (Upstream-Status: Backport)."
+    )
+    sub.choices["bench"].add_argument(
+        "--figures",
+        help="measure only these figures (comma-separated names, as in "
+        "BENCHMARKS.md's 'How each figure is measured'), keeping the other rows",
     )
     sub.choices["check"].add_argument(
         "--here",

@@ -18,10 +18,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +36,8 @@ AOT_LOADED = "Directly load AOT compilation from path"
 AOT_SAVED = "saved AOT compiled function to"
 RECOMPILED = "Compiling model again"
 AOT_COMPILE = {"VLLM_FORK_CPU_LORA_COMPILE": "1", "VLLM_USE_AOT_COMPILE": "1"}
+PROMPT = [1, 17, 42, 99, 5]
+SERVER_START_SECONDS = 600
 
 
 def environment(tree: Path, cache_root: Path, **extra: str) -> dict[str, str]:
@@ -70,14 +74,97 @@ def make_model(python: Path, directory: Path) -> dict:
     return json.loads((directory / "hf_tokens.json").read_text())
 
 
-def run_engine(python: Path, model: Path, env: dict[str, str], log: Path) -> Run:
+def run_engine(
+    python: Path, model: Path, env: dict[str, str], log: Path, **engine_args: int
+) -> Run:
     out = log.with_suffix(".json")
+    settings = [f"{name}={value}" for name, value in engine_args.items()]
     started = time.monotonic()
-    _run([*_script(python), "generate", str(model), str(out)], env, log)
+    _run([*_script(python), "generate", str(model), str(out), *settings], env, log)
     seconds = time.monotonic() - started
-    text = log.read_text(errors="replace")
-    events = {key: text.count(key) for key in (AOT_LOADED, AOT_SAVED, RECOMPILED)}
+    events = log_events(log.read_text(errors="replace"))
     return Run(seconds=seconds, log=log, events=events, **json.loads(out.read_text()))
+
+
+def log_events(text: str) -> dict[str, int]:
+    """How often an engine's log says it loaded, saved or compiled again."""
+    return {key: text.count(key) for key in (AOT_LOADED, AOT_SAVED, RECOMPILED)}
+
+
+@dataclass
+class ServerStart:
+    """One ``vllm serve`` start: seconds until it answered, and its answer."""
+
+    ready_s: float
+    answer: str
+    log: Path
+    events: dict[str, int]
+
+
+def serve_once(
+    python: Path, model: Path, env: dict[str, str], log: Path
+) -> ServerStart:
+    """Start the OpenAI API server on ``model``, time it until ``/health``
+    answers, ask it for one greedy completion, and stop it."""
+    port = _free_port()
+    command = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        f"--model={model}",
+        f"--port={port}",
+        "--max-model-len=128",
+        "--dtype=float32",
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with open(log, "w") as output:
+        started = time.monotonic()
+        server = subprocess.Popen(
+            command, cwd=log.parent, env=env, stdout=output, stderr=subprocess.STDOUT
+        )
+        try:
+            ready_s = _wait_until_healthy(server, url, started, log)
+            answer = _complete(url, model, PROMPT)
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+    events = log_events(log.read_text(errors="replace"))
+    return ServerStart(ready_s=ready_s, answer=answer, log=log, events=events)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_until_healthy(
+    server: subprocess.Popen, url: str, started: float, log: Path
+) -> float:
+    while time.monotonic() - started < SERVER_START_SECONDS:
+        if server.poll() is not None:
+            raise ForkError(f"the server exited ({server.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5):
+                return time.monotonic() - started
+        except OSError:
+            time.sleep(0.5)
+    raise ForkError(f"the server did not start in {SERVER_START_SECONDS} s; see {log}")
+
+
+def _complete(url: str, model: Path, prompt: list[int]) -> str:
+    body = {"model": str(model), "prompt": prompt, "max_tokens": 6, "temperature": 0}
+    request = urllib.request.Request(
+        f"{url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())["choices"][0]["text"]
 
 
 def _script(python: Path) -> list[str]:

@@ -13,8 +13,10 @@ layout (written with safetensors), and the greedy tokens HF transformers
 gives for fixed prompts, without and with the adapter merged.
 
 ``generate`` starts ``LLM(model=DIR, enable_lora=True, ...)``, times the
-start, and writes the greedy tokens without and with the adapter. The engine
-core is a spawned process, hence the ``__main__`` guard.
+start, and writes the greedy tokens without and with the adapter; each
+``ARG=INT`` after OUT is one more engine argument (``tensor_parallel_size=2``;
+``enable_lora=0`` runs without LoRA). The engine core is a spawned process,
+hence the ``__main__`` guard.
 """
 
 from __future__ import annotations
@@ -134,29 +136,35 @@ def _greedy(model, prompts: list[list[int]]) -> list[list[int]]:
     return results
 
 
-def generate(directory: Path, out: Path) -> None:
+def generate(directory: Path, out: Path, **engine_args: int) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
 
+    lora = bool(engine_args.pop("enable_lora", 1))
     started = time.monotonic()
     llm = LLM(
         model=str(directory),
-        enable_lora=True,
+        enable_lora=lora,
         max_lora_rank=RANK,
         max_model_len=128,
         dtype="float32",
+        **engine_args,
     )
     startup = time.monotonic() - started
     prompts = [TokensPrompt(prompt_token_ids=p) for p in PROMPTS]
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     adapter = LoRARequest("adapter", 1, str(directory / ADAPTER))
+    base = _tokens(llm.generate(prompts, params, use_tqdm=False))
+    with_adapter = (
+        llm.generate(prompts, params, lora_request=adapter, use_tqdm=False)
+        if lora
+        else []
+    )
     result = {
         "startup_s": startup,
-        "base": _tokens(llm.generate(prompts, params, use_tqdm=False)),
-        "lora": _tokens(
-            llm.generate(prompts, params, lora_request=adapter, use_tqdm=False)
-        ),
+        "base": base,
+        "lora": _tokens(with_adapter),
         "vllm_file": sys.modules["vllm"].__file__,
         "kernels": importlib.util.find_spec("vllm._C").origin,
     }
@@ -172,6 +180,12 @@ if __name__ == "__main__":
     if command == "model":
         make_model(Path(directory))
     elif command == "generate":
-        generate(Path(directory), Path(rest[0]))
+        out, *settings = rest
+        engine_args = dict(setting.split("=") for setting in settings)
+        generate(
+            Path(directory), Path(out), **{k: int(v) for k, v in engine_args.items()}
+        )
     else:
-        sys.exit(f"unknown command {command!r}: model DIR | generate DIR OUT")
+        sys.exit(
+            f"unknown command {command!r}: model DIR | generate DIR OUT [ARG=INT ...]"
+        )
