@@ -832,9 +832,9 @@ FIGURES: list[Callable[[list[Base]], list[Row]]] = [
     install_time,
     uv_install_time,
     engine_startup,
+    fleet,
     engine_ranks,
     server_startup,
-    fleet,
 ]
 
 
