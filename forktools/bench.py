@@ -441,16 +441,20 @@ def engine_startup_runs(
     return runs
 
 
-def _startup(name: str, runs: dict) -> tuple[float, str]:
-    cold, warm = runs["cold"], runs["warm"]
-    ratio = warm.startup_s / cold.startup_s
-    loaded = "loaded" if warm.events[engine.AOT_LOADED] else "not loaded"
-    if warm.events[engine.RECOMPILED]:
-        loaded += ", compiled again"
-    text = (
-        f"{name} {ratio:.2f} ({warm.startup_s:.1f} / {cold.startup_s:.1f} s, {loaded})"
-    )
-    return ratio, text
+def _startup(name: str, runs: dict, seconds: str = "startup_s") -> tuple[float, str]:
+    """Warm over cold of the runs' ``seconds`` field, and the row's text."""
+    cold, warm = getattr(runs["cold"], seconds), getattr(runs["warm"], seconds)
+    ratio = warm / cold
+    events = runs["warm"].events
+    outcome = "loaded" if events[engine.AOT_LOADED] else "not loaded"
+    if events[engine.RECOMPILED]:
+        outcome += ", compiled again"
+    return ratio, f"{name} {ratio:.2f} ({warm:.1f} / {cold:.1f} s, {outcome})"
+
+
+def _loaded_warm(warm: engine.Run | engine.ServerStart) -> bool:
+    """The warm start loaded the AOT artifact and compiled nothing again."""
+    return warm.events[engine.AOT_LOADED] > 0 and not warm.events[engine.RECOMPILED]
 
 
 def engine_startup(bases: list[Base]) -> list[Row]:
@@ -478,12 +482,7 @@ def engine_startup(bases: list[Base]) -> list[Row]:
             continue
         ratio, fork_text = _startup("fork", runs["fork"])
         _, pristine_text = _startup("pristine", runs["pristine"])
-        warm = runs["fork"]["warm"]
-        holds = (
-            ratio <= ENGINE_WARM_OVER_COLD
-            and warm.events[engine.AOT_LOADED] > 0
-            and not warm.events[engine.RECOMPILED]
-        )
+        holds = ratio <= ENGINE_WARM_OVER_COLD and _loaded_warm(runs["fork"]["warm"])
         measured = f"{fork_text}; {pristine_text}"
         rows.append(Row(6, figure, base.name, measured, goal, _verdict(holds)))
     return rows
@@ -531,8 +530,8 @@ def engine_ranks(bases: list[Base]) -> list[Row]:
     for layout, engine_args in RANK_LAYOUTS.items():
         figure = f"CPU engine {layout}, cold and warm LLM(...) (AOT, no LoRA)"
         goal = "warm: 2 loads, 0 recompiles, same tokens"
+        start = functools.partial(engine.run_engine, enable_lora=0, **engine_args)
         for base in bases:
-            start = functools.partial(engine.run_engine, enable_lora=0, **engine_args)
             runs = _engine_runs(base, start_engine=start, **RANK_ENV)
             if runs is None:
                 rows.append(_skipped(8, figure, base.name, goal, "no engine pinned"))
@@ -571,26 +570,17 @@ def server_startup(bases: list[Base]) -> list[Row]:
         if runs is None:
             rows.append(_skipped(9, figure, base.name, goal, "no engine pinned"))
             continue
-        texts = {name: _server_text(name, runs[name]) for name in runs}
+        ratio, fork_text = _startup("fork", runs["fork"], "ready_s")
+        _, pristine_text = _startup("pristine", runs["pristine"], "ready_s")
         cold, warm = runs["fork"]["cold"], runs["fork"]["warm"]
         holds = (
-            warm.ready_s <= ENGINE_WARM_OVER_COLD * cold.ready_s
-            and warm.events[engine.AOT_LOADED] > 0
-            and not warm.events[engine.RECOMPILED]
+            ratio <= ENGINE_WARM_OVER_COLD
+            and _loaded_warm(warm)
             and warm.answer == cold.answer
         )
-        measured = f"{texts['fork']}; {texts['pristine']}"
+        measured = f"{fork_text}; {pristine_text}"
         rows.append(Row(9, figure, base.name, measured, goal, _verdict(holds)))
     return rows
-
-
-def _server_text(name: str, runs: dict) -> str:
-    cold, warm = runs["cold"], runs["warm"]
-    loaded = "loaded" if warm.events[engine.AOT_LOADED] else "not loaded"
-    if warm.events[engine.RECOMPILED]:
-        loaded += ", compiled again"
-    ratio = warm.ready_s / cold.ready_s
-    return f"{name} {ratio:.2f} ({warm.ready_s:.1f} / {cold.ready_s:.1f} s, {loaded})"
 
 
 def fleet_phase(python: Path, tree: Path, work: Path, phase: str) -> list[dict]:
@@ -633,11 +623,11 @@ def _replica_result(proc: subprocess.Popen, log: Path) -> dict:
     return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
 
 
-def fleet_runs(base: Base) -> dict[str, dict[str, list[dict]]]:
+def fleet_runs(base: Base) -> dict[str, dict[str, list]]:
     """Writers then readers, on the fork tree and on its pristine checkout."""
     tree = materialize.ensure(base)
     python = venv.ensure(base)
-    runs: dict[str, dict[str, list[dict]]] = {}
+    runs: dict[str, dict[str, list]] = {}
     with checkout(tree, "HEAD") as fork, checkout(tree, "base") as pristine:
         for name, checkout_dir in (("pristine", pristine), ("fork", fork)):
             with tempfile.TemporaryDirectory(prefix="vllm-fork-bench-fleet-") as tmp:
@@ -647,11 +637,11 @@ def fleet_runs(base: Base) -> dict[str, dict[str, list[dict]]]:
                     _progress(f"{base.name} fleet, {FLEET_REPLICAS} {phase}s: {name}")
                     runs[name][phase] = fleet_phase(python, checkout_dir, work, phase)
                 left = (work / "vllm_cache").rglob("*.tmp")
-                runs[name]["tmp_left"] = [{"path": str(path)} for path in left]
+                runs[name]["tmp_left"] = [str(path) for path in left]
     return runs
 
 
-def _fleet_counts(run: dict[str, list[dict]]) -> tuple[int, int, int, int]:
+def _fleet_counts(run: dict[str, list]) -> tuple[int, int, int, int]:
     """Writers correct, saves landed without a warning, readers warm, *.tmp."""
     writers = [writer for writer in run["writer"] if "error" not in writer]
     if any(writer["barrier_timed_out"] for writer in writers):
@@ -671,7 +661,7 @@ def _clean(replica: dict) -> bool:
     return "error" not in replica and not replica["warnings"]
 
 
-def _fleet_text(name: str, run: dict[str, list[dict]]) -> str:
+def _fleet_text(name: str, run: dict[str, list]) -> str:
     correct, landed, warm, left = _fleet_counts(run)
     n = FLEET_REPLICAS
     text = (

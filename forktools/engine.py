@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forktools import materialize, venv
+from forktools.engine_run import PROMPTS
 from forktools.pins import Base, ForkError
 from forktools.prove import HARNESS
 
@@ -36,7 +37,6 @@ AOT_LOADED = "Directly load AOT compilation from path"
 AOT_SAVED = "saved AOT compiled function to"
 RECOMPILED = "Compiling model again"
 AOT_COMPILE = {"VLLM_FORK_CPU_LORA_COMPILE": "1", "VLLM_USE_AOT_COMPILE": "1"}
-PROMPT = [1, 17, 42, 99, 5]
 SERVER_START_SECONDS = 600
 
 
@@ -124,7 +124,7 @@ def serve_once(
         )
         try:
             ready_s = _wait_until_healthy(server, url, started, log)
-            answer = _complete(url, model, PROMPT)
+            answer = _complete(url, model, PROMPTS[0])
         finally:
             server.terminate()
             try:

@@ -90,7 +90,7 @@ def test_fleet_counts_crashed_and_warned_writers_and_cold_readers():
             {"correct": True, "loaded_from_disk": True, "warnings": []},
             {"correct": True, "loaded_from_disk": False, "warnings": []},
         ],
-        "tmp_left": [{"path": "model.1.tmp"}],
+        "tmp_left": ["model.1.tmp"],
     }
 
     assert bench._fleet_counts(run) == (2, 1, 1, 1)
