@@ -3,7 +3,7 @@ PYTHON ?= python3
 BASE ?=
 # A variable the targets do not read (a typo, `base=` for `BASE=`) would be
 # ignored silently: name it instead.
-known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH FIGURES
 given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 # Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
 unknown_vars := $(filter-out $(known_vars) MAKEFLAGS VLLM_% PIP_% UV_%,$(given_vars))

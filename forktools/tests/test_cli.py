@@ -1,6 +1,7 @@
 """Each failure stops with a clear message and a non-zero exit."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -98,6 +99,17 @@ def test_make_names_a_variable_it_does_not_read():
         text=True,
     )
     assert made.returncode == 0, made.stderr
+
+
+MAKE_OWN_VARIABLES = {"MAKE", "MAKEFILE_LIST", "MAKEFLAGS", "CURDIR"}
+
+
+def test_make_accepts_every_variable_its_targets_read():
+    makefile = (ROOT / "Makefile").read_text()
+    known = re.search(r"^known_vars := (.*)$", makefile, re.M)
+    assert known is not None
+    read = set(re.findall(r"\$\(([A-Z][A-Z_]*)\)", makefile)) - MAKE_OWN_VARIABLES
+    assert read - set(known.group(1).split()) == set()
 
 
 def test_an_old_python_gets_one_line():
