@@ -23,10 +23,10 @@ Written by `make bench` on 2026-12-04 17:16 UTC (x86_64, 2 CPUs, load average
 """
 
 
-def _figure(number: int, measured: str):
+def _figure(number: int, measured: str, holds: str = "yes"):
     def figure(bases):
         return [
-            Row(number, f"figure {number}", b.name, measured, "g", "yes") for b in bases
+            Row(number, f"figure {number}", b.name, measured, "g", holds) for b in bases
         ]
 
     figure.__doc__ = f"Figure {number}."
@@ -64,6 +64,21 @@ def test_a_named_figure_is_measured_and_the_other_rows_are_kept(tmp_path, monkey
     ]
     assert rows[0].when == "2026-12-04 17:16 (load 1.1)"
     assert rows[1].when != rows[0].when
+
+
+def test_only_the_figures_measured_decide_the_exit_status(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "BENCH_FILE", tmp_path / "BENCHMARKS.md")
+    monkeypatch.setattr(bench, "_fault_matrix", lambda: "")
+    bench.BENCH_FILE.write_text(OLD_TABLE)
+    for holds, status in (("yes", 0), ("NO", 1)):
+        key_cost = _figure(1, "remeasured", holds)
+        key_cost.__name__ = "aot_key_cost"
+        monkeypatch.setattr(bench, "FIGURES", [key_cost])
+
+        assert bench.main([_Base()], ["aot_key_cost"]) == status
+        assert "| 7 | fleet | v0.33.0 | old fleet | 4/4 | NO |" in (
+            bench.BENCH_FILE.read_text()
+        )
 
 
 def test_an_unknown_figure_is_named_with_the_known_ones():
