@@ -538,8 +538,8 @@ def engine_ranks(bases: list[Base]) -> list[Row]:
                 continue
             warm, cold = runs["fork"]["warm"], runs["fork"]["cold"]
             holds = (
-                warm.events[engine.AOT_LOADED] == 2
-                and not warm.events[engine.RECOMPILED]
+                _loaded_warm(warm)
+                and warm.events[engine.AOT_LOADED] == 2
                 and warm.base == cold.base
             )
             measured = "; ".join(_rank_start(n, runs[n]) for n in ("fork", "pristine"))
