@@ -3,7 +3,7 @@ PYTHON ?= python3
 BASE ?=
 # A variable the targets do not read (a typo, `base=` for `BASE=`) would be
 # ignored silently: name it instead.
-known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH FIGURES
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH FIGURES FROM NO_LOCK
 given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 # Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
 unknown_vars := $(filter-out $(known_vars) MAKEFLAGS VLLM_% PIP_% UV_%,$(given_vars))
@@ -15,7 +15,7 @@ jobs_arg = $(if $(JOBS),--jobs $(JOBS))
 proof_args = $(if $(FRESH),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check status verify read-only lint test test-tooling venv engine pr bench rebase wheel
+.PHONY: help fork export check status verify read-only lint test test-tooling venv lock engine pr bench rebase wheel
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -42,10 +42,13 @@ read-only: ## the queue's read-only cache tests again with every capability drop
 lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)
 
-wheel: ## the fork wheel for fleets in dist/ (ALL=1: every pinned platform)
-	$(forktools) wheel $(base_arg) $(if $(ALL),--all-platforms)
+wheel: ## the fork wheel for fleets in dist/, with its node lock (ALL=1: every pinned platform; NO_LOCK=1: the wheel alone)
+	$(forktools) wheel $(base_arg) $(if $(ALL),--all-platforms) $(if $(NO_LOCK),--no-lock)
 
-venv: ## build the per-base test environments (cached)
+lock: ## write locks/<base>/*.txt from the package index and print each move (FROM=ledger: the sets the proof ledgers record)
+	$(forktools) lock $(base_arg) $(if $(filter ledger,$(FROM)),--from-ledger,$(if $(FROM),$(error FROM=$(FROM): the only source besides the index is FROM=ledger)))
+
+venv: ## build the per-base test environments from their locks (cached)
 	$(forktools) venv $(base_arg)
 
 engine: ## build the CPU engine environments (cached; SMOKE=1 runs the engine on the fork tree)

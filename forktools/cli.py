@@ -130,6 +130,7 @@ def cmd_wheel(args) -> int:
     base = pins.load().get(args.base)
     artifacts = base.wheels if args.all_platforms else [base.wheel_for_this_machine()]
     out = Path(args.out) if args.out else wheel.default_out()
+    unlocked = 0
     for artifact in artifacts:
         started = time.monotonic()
         built = wheel.build(base, artifact, out)
@@ -139,7 +140,17 @@ def cmd_wheel(args) -> int:
         print(f"  sha256 {built.sha256}")
         print(f"  from {artifact.file} (sha256 {artifact.sha256})")
         print(f"  manifest {manifest}")
-    return 0
+        if args.no_lock:
+            continue
+        try:
+            hashed, plain = wheel.write_locks(base, built, artifact)
+        except ForkError as error:
+            print(f"vllm-fork: {error}", file=sys.stderr)
+            unlocked += 1
+            continue
+        print(f"  lock {hashed}")
+        print(f"  constraints {plain}")
+    return 1 if unlocked else 0
 
 
 def cmd_venv(args) -> int:
@@ -149,6 +160,13 @@ def cmd_venv(args) -> int:
     for base in _bases(args):
         print(venv.ensure(base))
     return 0
+
+
+def cmd_lock(args) -> int:
+    """Write each environment's lock from the package index, printing each move."""
+    from forktools import relock
+
+    return relock.main(_bases(args), from_ledger=args.from_ledger)
 
 
 def cmd_engine_env(args) -> int:
@@ -271,6 +289,7 @@ COMMANDS = {
     "rebase": cmd_rebase,
     "wheel": cmd_wheel,
     "venv": cmd_venv,
+    "lock": cmd_lock,
     "engine-env": cmd_engine_env,
     "read-only": cmd_read_only,
     "test": cmd_test,
@@ -399,6 +418,20 @@ def parser() -> argparse.ArgumentParser:
         type=_positive,
         help="with --hunks: only patch number N of the queue (1 = the first)",
     )
+    sub.choices["lock"].add_argument(
+        "--from-ledger",
+        action="store_true",
+        help="lock the sets that patches/<base>/proof.json records instead of "
+        "what the index serves today (every ledger key stays valid)",
+    )
+    sub.choices["lock"].epilog = (
+        "Writes locks/<base>/test.txt (and engine.txt where the base pins a CPU "
+        "engine): every distribution with its file's sha256, resolved by pip, "
+        "run by the Python that makes the environment, under pip's own "
+        "configuration (pip config list). Environments are built from them "
+        "with --require-hashes --no-deps. A moved lock re-keys the base's proof "
+        "ledger rows: review the moves, then `make verify`."
+    )
     engine_env = sub.choices["engine-env"]
     engine_env.add_argument(
         "--smoke",
@@ -421,6 +454,21 @@ def parser() -> argparse.ArgumentParser:
     )
     sub.choices["wheel"].add_argument(
         "--out", help="where to write the wheels (default: dist/ in the repository)"
+    )
+    sub.choices["wheel"].add_argument(
+        "--no-lock",
+        action="store_true",
+        help="write the wheel alone, without resolving its requirements into "
+        "the node lock beside it (which asks the package index)",
+    )
+    sub.choices["wheel"].epilog = (
+        "Beside each wheel of this machine's platform: <wheel>.pythonX.Y.lock.txt, "
+        "its requirements resolved by pip on this Python with each file's "
+        "sha256 (a node runs `pip install --require-hashes --no-deps -r` it, "
+        "then `pip install --no-deps` the wheel), and "
+        "<wheel>.pythonX.Y.constraints.txt, the same versions for `pip install "
+        "-c` it `-e .`. Exits 1 when a lock could not be written (the wheel is "
+        "kept): a requirement the index does not serve, or another platform."
     )
     return top
 

@@ -4,10 +4,11 @@
 inputs, so it is kept as data and proved again only when an input changes, the
 way a build cache keeps an action's result. One row per patch in ``series``,
 keyed by the digest of its inputs: the git tree of the whole queue (with the
-fix) and of the queue with the fix undone, the locked set of the environments
-the tests ran in, the content of the harness and of the proof code
-(``forktools/prove.py``), and the test functions run. Its value is what was
-observed with and without the fix, when, and in how many seconds.
+fix) and of the queue with the fix undone, the locked sets of the environments
+the tests ran in (read from ``locks/<base>/``), the content of the harness and
+of the proof code (``forktools/prove.py``), and the test functions run. Its
+value is what was observed with and without the fix, when, and in how many
+seconds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from forktools import git, materialize, prove, queue
+from forktools import git, materialize, prove, queue, venv
 from forktools.pins import Base, ForkError
 from forktools.prove import Outcome
 
@@ -41,12 +42,12 @@ class Inputs:
         text = json.dumps(asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def changed(self, recorded: Inputs, *, skip: tuple[str, ...] = ()) -> list[str]:
+    def changed(self, recorded: Inputs) -> list[str]:
         """What differs from ``recorded``, in words; empty when nothing does."""
         words = {
             "tree_with_fix": "the queue's tree",
             "tree_without_fix": "the tree without the fix",
-            "environment": "the test environment's locked set",
+            "environment": "the locked environments (locks/<base>/)",
             "harness": "forktools/harness/",
             "verify": "forktools/prove.py",
             "tests": "the tests run",
@@ -55,7 +56,7 @@ class Inputs:
         return [
             f"{words[name]} ({_short(theirs[name])} -> {_short(mine[name])})"
             for name in words
-            if name not in skip and mine[name] != theirs[name]
+            if mine[name] != theirs[name]
         ]
 
 
@@ -206,9 +207,8 @@ def subjects(base: Base, tree: Path) -> list[Subject | ForkError]:
 
 
 def stale(base: Base) -> list[str]:
-    """Where the base's ledger no longer matches its queue; empty if it does.
-    The environment is not compared here: another machine's is not a stale
-    ledger, and ``make verify`` proves the rows again there."""
+    """Where the base's ledger no longer matches its queue and locks; empty
+    if it does. The environments are read from the locks: nothing is built."""
     entries = queue.entries(base)
     if not entries:
         return []
@@ -220,6 +220,7 @@ def stale(base: Base) -> list[str]:
         return found + [f"{where}: no proofs for {len(entries)} patch(es); {run}"]
     tree = materialize.ensure(base)
     tree_with_fix = prove.tree_with_fix(tree)
+    environment = environment_digest(base, venv.environments(base))
     for subject in subjects(base, tree):
         if isinstance(subject, ForkError):
             found.append(str(subject))
@@ -229,8 +230,7 @@ def stale(base: Base) -> list[str]:
         if proof is None:
             found.append(f"{where}: no row for {name}; {run}")
             continue
-        now = subject.inputs(tree_with_fix, proof.inputs.environment)
-        changed = now.changed(proof.inputs, skip=("environment",))
+        changed = subject.inputs(tree_with_fix, environment).changed(proof.inputs)
         if changed:
             found.append(f"{where}: {name} is stale: {'; '.join(changed)}; {run}")
     listed = {entry.name for entry in entries}

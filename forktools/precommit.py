@@ -282,15 +282,20 @@ def _problem(line: str) -> Problem:
     return Problem("", 0, line.strip())
 
 
+def mypy_requirements(hooks: Hooks) -> list[str]:
+    """mypy's requirement, then the packages the hook installs beside it."""
+    [mypy_requirement] = [r for r in hooks.mypy if re.match(r"mypy\b", r)]
+    return [mypy_requirement, *(r for r in hooks.mypy if r != mypy_requirement)]
+
+
 def mypy(hooks: Hooks, tree: Path, files: list[str], cache: Path) -> list[Problem]:
     """Upstream's mypy hook on ``files``: its own script, its mypy and stubs,
     its ``[tool.mypy]``, each mypy run with a cache of its own under ``cache``."""
     python_files = [name for name in files if name.endswith((".py", ".pyi"))]
     if not python_files or not hooks.mypy_script:
         return []
-    [mypy_requirement] = [r for r in hooks.mypy if re.match(r"mypy\b", r)]
-    packages = tuple(r for r in hooks.mypy if r != mypy_requirement)
-    python = tools.python(mypy_requirement, packages)
+    mypy_requirement, *packages = mypy_requirements(hooks)
+    python = tools.python(mypy_requirement, tuple(packages))
     with tempfile.TemporaryDirectory() as shim_dir:
         shim = Path(shim_dir) / "mypy"
         shim.write_text(_MYPY_SHIM.format(python=python))

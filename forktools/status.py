@@ -75,7 +75,12 @@ def main(bases: list[Base], fetch: bool = False) -> int:
     pinned = pins.load()
     print(render(rows(bases, pinned, fetch)))
     if fetch:
+        from forktools import relock
+
         print(newer_release_line(pinned))
+        for base in bases:
+            for line in relock.moves(base):
+                print(f"lock: {line}")
     current = materialize.selected()
     if current:
         selected = pinned.get(current)

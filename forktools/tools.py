@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import platform
 import re
 import shutil
 import subprocess
@@ -10,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from forktools import download, locks, venv
+from forktools import download, envlocks, locks, pins, venv
 from forktools.pins import ForkError
 
 RUFF = "ruff==0.14.0"  # our own code's, as in our .pre-commit-config.yaml
@@ -26,7 +27,7 @@ def installed(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
     """The executable of ``requirement`` (``name==version``), installed once
     with ``with_packages`` into a private virtual environment through pip."""
     name = re.split(r"[\[=<>!~ ;]", requirement, maxsplit=1)[0]
-    path = download.cache_dir() / "tools" / _env_name(requirement, with_packages)
+    path = _folder(environment_name(requirement, with_packages))
     if not with_packages and (path / "bin" / name).exists():
         return path / "bin" / name  # installed before environments were marked
     return environment(requirement, with_packages) / "bin" / name
@@ -39,9 +40,19 @@ def python(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
 
 
 def environment(requirement: str, with_packages: tuple[str, ...] = ()) -> Path:
-    path = download.cache_dir() / "tools" / _env_name(requirement, with_packages)
+    name = environment_name(requirement, with_packages)
+    path = _folder(name)
     requirements = [r for r in (requirement, *with_packages) if r]
-    return _once(path, requirement, lambda: _install(path, requirements))
+    return _once(path, requirement, lambda: _install(path, name, requirements))
+
+
+def _folder(name: str) -> Path:
+    """The cache folder of the tool environment ``name``: one per lock."""
+    lock = lock_path(name)
+    if not lock.exists():
+        return download.cache_dir() / "tools" / name
+    digest = hashlib.sha256(lock.read_bytes()).hexdigest()[:10]
+    return download.cache_dir() / "tools" / f"{name}@{digest}"
 
 
 def _once(path: Path, what: str, install: Callable[[], None]) -> Path:
@@ -56,7 +67,13 @@ def _once(path: Path, what: str, install: Callable[[], None]) -> Path:
     return path
 
 
-def _env_name(requirement: str, with_packages: tuple[str, ...]) -> str:
+def packages_name(requirements: tuple[str, ...]) -> str:
+    """The name of the folder ``packages`` fills (and of its lock)."""
+    return "+".join(environment_name(requirement) for requirement in requirements)
+
+
+def environment_name(requirement: str, with_packages: tuple[str, ...] = ()) -> str:
+    """The name of the environment ``environment`` makes, and of its lock."""
     name = re.sub(r"[^\w.]+", "-", requirement.replace("==", "-")) or "python"
     if not with_packages:
         return name
@@ -64,11 +81,34 @@ def _env_name(requirement: str, with_packages: tuple[str, ...]) -> str:
     return f"{name}+{digest[:10]}"
 
 
-def _install(path: Path, requirements: list[str]) -> None:
+def lock_path(name: str) -> Path:
+    """Where ``make lock`` keeps the lock of the tool environment ``name``."""
+    return pins.ROOT / "locks" / "tools" / f"{name}.txt"
+
+
+def _locked(name: str, requirements: list[str] | tuple[str, ...]) -> list[str]:
+    """pip's arguments for ``requirements``: the tool's lock, hash-checked and
+    without dependencies, where ``make lock`` wrote one."""
+    lock = lock_path(name)
+    if lock.exists():
+        envlocks.read_file(lock, platform.python_version())  # refuses another's
+        return ["--require-hashes", "--no-deps", "-r", str(lock)]
+    print(
+        f"vllm-fork: {' '.join(requirements)} has no lock "
+        f"({lock.relative_to(pins.ROOT)}); installing what the index serves "
+        "today (`make lock` writes one)",
+        file=sys.stderr,
+    )
+    return list(requirements)
+
+
+def _install(path: Path, name: str, requirements: list[str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
     venv.make_venv(path)
     install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q"]
-    if requirements and subprocess.run([*install, *requirements]).returncode != 0:
+    if requirements:
+        install += _locked(name, requirements)
+    if requirements and subprocess.run(install).returncode != 0:
         raise ForkError(
             f"could not install {' '.join(requirements)} into {path} (pip output "
             "above); check your package index settings and run the command again"
@@ -80,17 +120,17 @@ def packages(requirements: tuple[str, ...]) -> Path:
     """A folder holding ``requirements`` alone (no dependencies), installed
     once through pip, for ``PYTHONPATH``: for packages any Python 3 can load
     beside what it has."""
-    name = "+".join(_env_name(requirement, ()) for requirement in requirements)
-    path = download.cache_dir() / "tools" / name
+    name = packages_name(requirements)
+    path = _folder(name)
     what = " ".join(requirements)
-    return _once(path, what, lambda: _install_target(path, requirements))
+    return _once(path, what, lambda: _install_target(path, name, requirements))
 
 
-def _install_target(path: Path, requirements: tuple[str, ...]) -> None:
+def _install_target(path: Path, name: str, requirements: tuple[str, ...]) -> None:
     shutil.rmtree(path, ignore_errors=True)
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps"]
     done = subprocess.run(
-        [*install, "--target", str(path), *requirements],
+        [*install, "--target", str(path), *_locked(name, requirements)],
         capture_output=True,
         text=True,
     )

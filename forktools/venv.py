@@ -1,14 +1,14 @@
 """One cached virtual environment per base, for running its tests on CPU.
 
-Each holds the upstream wheel (so every requirement of the release is
-present) plus the base's test requirements; the fork tree shadows the
-installed ``vllm`` through PYTHONPATH when tests run. A base may name
-requirements to leave out here, each with its reason (``cpu-test-exclude``
-in ``upstream.toml``: GPU kernel packages the CPU tests never import, which
-the package index may lack); the wheel is then installed without its
-dependencies, and its requirements minus those are installed beside it.
-GPU nodes (``pip install -e .``) always get the exact requirements. Environments live in
-the cache, keyed by base and requirements, so that fresh clones reuse them.
+Each holds the base's locked set (``locks/<base>/test.txt``, installed with
+hashes and without dependencies: see ``forktools/envlocks.py``) and the
+upstream wheel; the fork tree shadows the installed ``vllm`` through
+PYTHONPATH when tests run. The lock is made from the wheel's requirements and
+the base's test requirements; a base may name requirements to leave out here,
+each with its reason (``cpu-test-exclude`` in ``upstream.toml``: GPU kernel
+packages the CPU tests never import, which the package index may lack). GPU
+nodes (``pip install -e .``) always get the exact requirements. Environments
+live in the cache, keyed by base and lock, so that fresh clones reuse them.
 Each is about 10 GB, so a stale one is removed: one of the same base, made by
 the same Python (clones on other Pythons keep theirs), that no run is using
 (runs hold a shared lock on the environment they use until they exit).
@@ -16,8 +16,9 @@ the same Python (clones on other Pythons keep theirs), that no run is using
 A base may also pin an engine (``[bases."<base>".engine]``): a CPU build of
 vLLM, whose compiled kernels run the fork tree's sources in a real engine
 (``LLM(...)``) on this machine. Its environment (``<base>-engine-<key>``) is
-made by the Python version the pin names, holds that wheel installed without
-its dependencies and its requirements with the pin's substitutions, and is
+made by the Python version the pin names, holds its lock
+(``locks/<base>/engine.txt``: the wheel's requirements with the pin's
+substitutions) and that wheel installed without its dependencies, and is
 built, shared and replaced like the test environments. In it, the fork tree
 on PYTHONPATH gives ``vllm``'s Python files and the harness loads the compiled
 extensions from the CPU build (``forktools/harness/vllm_engine_kernels.py``).
@@ -41,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import download, locks, wheelmeta
+from forktools import download, envlocks, locks, prove, wheelmeta
 from forktools.pins import Base, ForkError
 
 COMPLETE_MARKER = ".vllm-fork-complete"
@@ -51,11 +52,9 @@ _in_use: dict[Path, locks.Lock] = {}  # held until this run exits
 
 
 def _key(base: Base, wheel: Path) -> str:
-    excluded = [f"exclude {e.requirement}" for e in base.cpu_test_exclude]
+    lock = lock_of(base, "test")
     return _digest(
-        "\n".join(
-            [base.name, wheel.name, sys.version, *base.test_requirements, *excluded]
-        )
+        "\n".join([base.name, wheel.name, sys.version, lock.path.read_text()])
     )
 
 
@@ -71,7 +70,72 @@ def ensure(base: Base) -> Path:
             _build(base, path, wheel)
 
         _in_use[path] = _use(path, build)
+        _check_locked_set(base, "test", path)
     return path / "bin" / "python"
+
+
+def interpreter(base: Base, role: str) -> Interpreter:
+    """The Python that makes the base's ``role`` environment."""
+    if role == "engine" and base.engine and not base.engine.kernels_only:
+        return engine_interpreter(base)
+    return THIS_PYTHON
+
+
+def lock_of(base: Base, role: str) -> envlocks.Lock:
+    return envlocks.read(base, role, interpreter(base, role).version)
+
+
+def environments(base: Base) -> dict[str, list[str]]:
+    """What each environment the base builds here holds, read from its lock
+    (nothing is built): the proof ledger's environment input."""
+    return {role: environment(base, role) for role in envlocks.roles(base)}
+
+
+def environment(base: Base, role: str) -> list[str]:
+    """What the base's ``role`` environment holds, read from its lock."""
+    lines = [*lock_of(base, role).lines, envlocks.wheel_line(wheel_file(base, role))]
+    if role == "engine" and base.engine and base.engine.kernels_only:
+        lines += environment(base, "test")[1:]  # layered over the test environment
+    return envlocks.environment(lines, interpreter(base, role).version)
+
+
+def wheel_file(base: Base, role: str) -> str:
+    """The file name of the pinned wheel the ``role`` environment installs."""
+    artifact = base.engine_wheel_for_this_machine() if role == "engine" else None
+    return (artifact or base.wheel_for_this_machine()).file
+
+
+def _check_locked_set(base: Base, role: str, env: Path) -> None:
+    """Refuse an environment that does not hold exactly what its lock says
+    (installed into by hand, or a lock that misses a distribution)."""
+    expected = environment(base, role)
+    found = prove.locked_set(env / "bin" / "python")
+    extra = sorted(set(found) - set(expected))
+    missing = sorted(set(expected) - set(found))
+    if extra or missing:
+        said = [f"holds {', '.join(extra)}"] if extra else []
+        said += [f"lacks {', '.join(missing)}"] if missing else []
+        raise ForkError(
+            f"{env} is not what {lock_of(base, role).shown} locks: "
+            f"{'; '.join(said)}. Remove {env} and run again; if it was just "
+            f"built, the lock is incomplete: `make lock BASE={base.name}`"
+        )
+
+
+def lock_requirements(base: Base, role: str) -> list[str]:
+    """What the lock of ``role`` is resolved from: the wheel's requirements
+    (less the CPU exclusions, or substituted) and the test requirements."""
+    if role == "test":
+        wheel = download.fetch(base.wheel_for_this_machine())
+        required = wheelmeta.read(wheel).install_requires
+        return [*requirements_without(base, required), *base.test_requirements]
+    assert base.engine is not None
+    if base.engine.kernels_only:
+        return []  # the wheel alone, over the test environment
+    engine = base.engine_wheel_for_this_machine()
+    assert engine is not None
+    required = wheelmeta.read(download.fetch(engine)).install_requires
+    return [*substituted(base, required), *base.engine.test_requirements]
 
 
 def _use(path: Path, build: Callable[[], None]) -> locks.Lock:
@@ -113,10 +177,21 @@ def _build(base: Base, path: Path, wheel: Path) -> None:
         f"{base.name} test environment",
         sys.executable,
         lambda python: install_commands(base, python, wheel),
+        _explainer(base, "test"),
     )
 
 
-def _fill(path: Path, what: str, python: str, commands_for: Callable) -> None:
+def _explainer(base: Base, role: str) -> Callable[[str], str | None]:
+    return lambda output: envlocks.explain(output, lock_of(base, role), base)
+
+
+def _fill(
+    path: Path,
+    what: str,
+    python: str,
+    commands_for: Callable,
+    explain: Callable[[str], str | None],
+) -> None:
     """Make the environment ``path`` with ``python`` and install into it;
     marked complete only once every install succeeded."""
     shutil.rmtree(path, ignore_errors=True)
@@ -124,11 +199,15 @@ def _fill(path: Path, what: str, python: str, commands_for: Callable) -> None:
     make_venv(path, python)
     commands = commands_for(path / "bin" / "python")
     for install in commands:
-        if subprocess.run(install).returncode != 0:
+        done = subprocess.run(install, stderr=subprocess.PIPE, text=True)
+        sys.stderr.write(done.stderr or "")
+        if done.returncode != 0:
             shutil.rmtree(path, ignore_errors=True)
+            said = explain(done.stderr or "")
             raise ForkError(
-                f"installing the {what} failed (pip output above); nothing was "
-                "kept. Fix the cause and run the command again."
+                f"installing the {what} failed: "
+                f"{said or 'pip output above'}; nothing was kept. Fix the cause "
+                "and run the command again."
             )
     (path / COMPLETE_MARKER).write_text("".join(" ".join(c) + "\n" for c in commands))
 
@@ -149,12 +228,10 @@ def pip_install(python: Path) -> list[str]:
 
 
 def install_commands(base: Base, python: Path, wheel: Path) -> list[list[str]]:
-    """The pip commands that fill the environment."""
+    """The pip commands that fill the environment: the lock, then the wheel."""
     pip = pip_install(python)
-    if not base.cpu_test_exclude:
-        return [[*pip, str(wheel), *base.test_requirements]]
-    kept = requirements_without(base, wheelmeta.read(wheel).install_requires)
-    return [[*pip, *kept, *base.test_requirements], [*pip, "--no-deps", str(wheel)]]
+    lock = envlocks.install_command(pip, lock_of(base, "test"))
+    return [lock, [*pip, "--no-deps", str(wheel)]]
 
 
 def requirements_without(base: Base, requirements: list[str]) -> list[str]:
@@ -242,20 +319,28 @@ def ensure_engine(base: Base) -> Path | None:
         return None
     wheel = download.fetch(artifact)
     assert base.engine is not None
+    lock = lock_of(base, "engine")
     if base.engine.kernels_only:
         # Keyed by the test environment below, so a new one gets a new engine.
         below = ensure(base).parent.parent
+        spec = [
+            base.name,
+            "kernels-only",
+            wheel.name,
+            below.name,
+            lock.path.read_text(),
+        ]
         return _ensure_engine_env(
             base,
-            _digest(f"{base.name}\nkernels-only\n{wheel.name}\n{below.name}"),
+            _digest("\n".join(spec)),
             THIS_PYTHON,
             f"kernels only, over {below.name}",
-            lambda env_python: kernels_engine_commands(env_python, wheel, below),
+            lambda env_python: kernels_engine_commands(env_python, wheel, below, lock),
         )
     python = engine_interpreter(base)
     return _ensure_engine_env(
         base,
-        _engine_key(base, wheel, python),
+        _engine_key(base, wheel, python, lock),
         python,
         f"Python {python.version}",
         lambda env_python: engine_install_commands(base, env_python, wheel),
@@ -276,9 +361,11 @@ def _ensure_engine_env(
                 f"{base.name} engine environment ({kind})",
                 python.executable,
                 commands_for,
+                _explainer(base, "engine"),
             )
 
         _in_use[path] = _use(path, build)
+        _check_locked_set(base, "engine", path)
     return path / "bin" / "python"
 
 
@@ -293,12 +380,15 @@ _LAYER_OVER = (
 )
 
 
-def kernels_engine_commands(python: Path, wheel: Path, below: Path) -> list[list[str]]:
-    """The commands that fill a kernels-only engine environment: the wheel
-    without its requirements, then the test environment ``below`` layered
-    under it."""
+def kernels_engine_commands(
+    python: Path, wheel: Path, below: Path, lock: envlocks.Lock
+) -> list[list[str]]:
+    """The commands that fill a kernels-only engine environment: its own
+    lock (the seeds of a new environment), the wheel without its
+    requirements, then the test environment ``below`` layered under it."""
     pip = pip_install(python)
     return [
+        envlocks.install_command(pip, lock),
         [*pip, "--no-deps", str(wheel)],
         [str(python), "-c", _LAYER_OVER, str(below)],
     ]
@@ -308,35 +398,23 @@ def _digest(spec: str) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:12]
 
 
-def _engine_key(base: Base, wheel: Path, python: Interpreter) -> str:
-    assert base.engine is not None
-    substituted = [
-        f"{s.requirement} -> {s.replacement}" for s in base.engine.substitutions
-    ]
-    spec = "\n".join(
-        [
-            base.name,
-            "engine",
-            wheel.name,
-            python.build,
-            *substituted,
-            *base.engine.test_requirements,
-        ]
+def _engine_key(
+    base: Base, wheel: Path, python: Interpreter, lock: envlocks.Lock
+) -> str:
+    return _digest(
+        "\n".join(
+            [base.name, "engine", wheel.name, python.build, lock.path.read_text()]
+        )
     )
-    return _digest(spec)
 
 
 def engine_install_commands(base: Base, python: Path, wheel: Path) -> list[list[str]]:
-    """The pip commands that fill the engine environment: the wheel's
-    requirements, substituted, with the engine's test requirements; then the
-    wheel without its own (unsatisfiable as written) requirements."""
-    assert base.engine is not None
+    """The pip commands that fill the engine environment: its lock (the
+    wheel's requirements, substituted, with the engine's test requirements);
+    then the wheel without its own (unsatisfiable as written) requirements."""
     pip = pip_install(python)
-    requirements = substituted(base, wheelmeta.read(wheel).install_requires)
-    return [
-        [*pip, *requirements, *base.engine.test_requirements],
-        [*pip, "--no-deps", str(wheel)],
-    ]
+    lock = envlocks.install_command(pip, lock_of(base, "engine"))
+    return [lock, [*pip, "--no-deps", str(wheel)]]
 
 
 def substituted(base: Base, requirements: list[str]) -> list[str]:

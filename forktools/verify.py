@@ -117,9 +117,7 @@ def prepare(base: Base, fresh: bool) -> BaseRun:
     tree = materialize.ensure(base)
     python = venv.ensure(base)
     engine = venv.ensure_engine(base)
-    environments = {"test": prove.locked_set(python)}
-    if engine is not None:
-        environments["engine"] = prove.locked_set(engine)
+    environments = venv.environments(base)
     run = BaseRun(
         base,
         tree,

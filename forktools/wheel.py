@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from forktools import download, git, materialize, pins, queue
+from forktools import download, envlocks, git, materialize, pins, queue, wheelmeta
 from forktools.pins import Artifact, Base, ForkError
 
 PACKAGE = "vllm/"
@@ -109,6 +109,32 @@ def fetch(base: Base, artifact: Artifact) -> Path:
             "or wheelhouse."
         )
     return path
+
+
+def write_locks(base: Base, built: Built, artifact: Artifact) -> tuple[Path, Path]:
+    """Beside the wheel: the hashed set a GPU node installs with it (the
+    upstream wheel's requirements as pip, run by this Python, resolves them
+    here) and the same versions as a constraints file, for ``pip install
+    -e .`` on a development node."""
+    if not artifact.file.endswith(f"_{platform.machine()}.whl"):
+        raise ForkError(
+            f"no lock for {built.path.name}: pip resolves environment markers "
+            "for the machine it runs on; run `make wheel` on an "
+            f"{artifact.file.rsplit('_', 1)[-1].removesuffix('.whl')} machine"
+        )
+    python = ".".join(platform.python_version_tuple()[:2])
+    required = wheelmeta.read(fetch(base, artifact)).install_requires
+    try:
+        pinned = envlocks.resolve(sys.executable, required)
+    except ForkError as error:
+        raise ForkError(f"no lock for {built.path.name}: {error}") from None
+    stem = f"{built.path.name}.python{python}"
+    hashed = built.path.with_name(f"{stem}.lock.txt")
+    lock = envlocks.Lock(hashed, python, platform.machine(), tuple(pinned))
+    hashed.write_text(envlocks.render(lock, f"GPU node set for {built.path.name}"))
+    plain = built.path.with_name(f"{stem}.constraints.txt")
+    plain.write_text(envlocks.constraints(lock))
+    return hashed, plain
 
 
 def write_manifest(built: Built) -> Path:

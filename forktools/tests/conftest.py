@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from forktools import pins
+from forktools import pins, venv
 from forktools.pins import ROOT
 
 VERSION = "9.9.9"
@@ -65,6 +65,22 @@ def _wheel(path: Path, files: dict = WHEEL_FILES) -> None:
             archive.writestr(name, text)
 
 
+def installable_wheel(wheel, body: str = ""):
+    """Write a wheel pip installs, named and versioned as its file says."""
+    name, version = wheel.name.split("-")[:2]
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": body,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/RECORD": "",
+    }
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for file, text in files.items():
+            archive.writestr(file, text)
+    return wheel
+
+
 def publish(index: Path, version: str, core: str, tests: str | None = None) -> None:
     """Put vLLM ``version`` with ``core`` as vllm/core.py (and ``tests`` as
     tests/test_core.py) in ``index``: its sdist and x86_64 and aarch64 wheels."""
@@ -105,6 +121,7 @@ class Project:
             _sdist(self.sdist)
             _wheel(self.wheel)
             self.pin()
+            self.lock("test")
 
     def pin(
         self, sdist_sha: str | None = None, wheels: list[Path] | None = None
@@ -125,6 +142,16 @@ class Project:
                 """
             )
         )
+
+    def lock(self, role: str, *pinned: str) -> Path:
+        """Write the base's lock of ``role``: ``pinned`` lines
+        (``name==version --hash=sha256:...``) for this Python."""
+        path = self.root / "locks" / BASE / f"{role}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        python = ".".join(platform.python_version_tuple()[:2])
+        header = f"# for Python {python} on {platform.machine()}\n"
+        path.write_text(header + "".join(f"{line}\n" for line in pinned))
+        return path
 
     @property
     def base(self) -> pins.Base:
@@ -204,4 +231,6 @@ def builds(monkeypatch) -> list[Path]:
         return subprocess.CompletedProcess(command, 0)
 
     monkeypatch.setattr(subprocess, "run", build_slowly)
+    # What such an environment holds is not what its lock says.
+    monkeypatch.setattr(venv, "_check_locked_set", lambda *args: None)
     return made

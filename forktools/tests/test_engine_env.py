@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from forktools import cli, download, pins, venv
+from forktools import cli, download, envlocks, pins, venv
 from forktools.pins import ForkError
 
 from .conftest import BASE, VERSION, WHEEL_FILES, _wheel, sha256
 
 THIS_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+MOVED = "six==1.17.0 --hash=sha256:" + "0" * 64
 TORCH_CPU = 'torch==2.0.0+cpu; platform_machine == "x86_64"'
 ENGINE_METADATA = textwrap.dedent(
     f"""\
@@ -53,6 +54,7 @@ def _pin_engine(project, python: str = THIS_VERSION, requirement: str = TORCH_CP
             """
         )
     )
+    project.lock("engine")
     return wheel
 
 
@@ -88,19 +90,24 @@ def test_base_without_an_engine_has_none(project, capsys):
     assert "no engine pinned" in capsys.readouterr().out
 
 
-def test_wheel_is_installed_alone_after_its_substituted_requirements(project, engine):
+def test_wheel_is_installed_alone_after_its_lock(project, engine):
     python = Path("/venv/bin/python")
-    deps, wheel = venv.engine_install_commands(project.base, python, engine)
-    assert deps[deps.index("numpy") :] == ["numpy", "torch==2.0.0", "pytest==8.4.2"]
-    assert not any("+cpu" in part or "scipy" in part for part in deps)
+    lock, wheel = venv.engine_install_commands(project.base, python, engine)
+    assert lock[-2:] == ["-r", str(venv.lock_of(project.base, "engine").path)]
+    assert "--require-hashes" in lock
     assert wheel[-2:] == ["--no-deps", str(engine)]
+
+
+def test_engine_lock_is_resolved_from_its_substituted_requirements(project, engine):
+    required = venv.lock_requirements(project.base, "engine")
+    assert required == ["numpy", "torch==2.0.0", "pytest==8.4.2"]
 
 
 def test_substitution_the_wheel_does_not_declare_is_refused(project, monkeypatch):
     monkeypatch.setenv(venv.ENGINE_PYTHON_ENV, sys.executable)
-    wheel = _pin_engine(project, requirement="torch==2.0.0+cpu")
+    _pin_engine(project, requirement="torch==2.0.0+cpu")
     with pytest.raises(ForkError, match=r"substitutions name torch==2\.0\.0\+cpu"):
-        venv.engine_install_commands(project.base, Path("/venv/bin/python"), wheel)
+        venv.lock_requirements(project.base, "engine")
 
 
 def test_engine_environment_is_built_once_and_marked_complete(project, engine, builds):
@@ -108,7 +115,8 @@ def test_engine_environment_is_built_once_and_marked_complete(project, engine, b
     env = python.parent.parent
     assert env.parent == download.cache_dir() / "venvs"
     assert env.name.startswith(f"{BASE}-engine-")
-    assert (env / venv.COMPLETE_MARKER).read_text().count("--no-deps") == 1
+    lock, wheel = (env / venv.COMPLETE_MARKER).read_text().splitlines()
+    assert "--require-hashes --no-deps -r" in lock and "--no-deps" in wheel
     assert venv.ensure_engine(project.base) == python
     assert builds == [env]
 
@@ -120,8 +128,8 @@ def test_test_and_engine_environments_are_not_each_others_stale(
     test_env = venv.ensure(project.base).parent.parent
     venv._in_use.pop(engine_env).close()
     venv._in_use.pop(test_env).close()
-    changed = replace(project.base, test_requirements=("pytest==8.4.2",))
-    venv.ensure(changed)
+    project.lock("test", MOVED)
+    venv.ensure(project.base)
     assert engine_env.exists() and not test_env.exists()
 
 
@@ -160,6 +168,7 @@ def _pin_kernels_only_engine(project, extra: str = "") -> Path:
         + f'[bases."{BASE}".engine]\nkernels-only = true\n{extra}'
         + f'wheels = [{{ file = "{wheel.name}", sha256 = "{sha256(wheel)}" }}]\n'
     )
+    project.lock("engine")
     return wheel
 
 
@@ -172,9 +181,10 @@ def test_kernels_only_engine_is_its_wheel_alone_over_the_test_environment(
     below = venv.ensure(project.base).parent.parent
     assert project.base.engine.kernels_only
     assert env.name.startswith(f"{BASE}-engine-")
-    install, layer = [
+    lock, install, layer = [
         line.split() for line in (env / venv.COMPLETE_MARKER).read_text().splitlines()
     ]
+    assert lock[-1] == str(venv.lock_of(project.base, "engine").path)
     assert install[-2] == "--no-deps"
     assert Path(install[-1]).name == wheel.name
     assert layer[-1] == str(below)
@@ -186,8 +196,8 @@ def test_kernels_only_engine_follows_a_new_test_environment(project, builds):
     engine_env = venv.ensure_engine(project.base).parent.parent
     for env in list(venv._in_use):
         venv._in_use.pop(env).close()
-    changed = replace(project.base, test_requirements=("pytest==8.4.2",))
-    new_engine_env = venv.ensure_engine(changed).parent.parent
+    project.lock("test", MOVED)
+    new_engine_env = venv.ensure_engine(project.base).parent.parent
     assert new_engine_env != engine_env
     assert not engine_env.exists()
 
@@ -203,7 +213,8 @@ def test_layered_environment_sees_the_packages_below_after_its_own(tmp_path):
     for path in (below, env):
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)])
     python = env / "bin" / "python"
-    *_, layer = venv.kernels_engine_commands(python, tmp_path / "x.whl", below)
+    lock = envlocks.Lock(tmp_path / "engine.txt", THIS_VERSION, platform.machine(), ())
+    *_, layer = venv.kernels_engine_commands(python, tmp_path / "x.whl", below, lock)
     subprocess.run(layer, check=True)
     shown = subprocess.run(
         [python, "-c", "import json, sys; print(json.dumps(sys.path))"],

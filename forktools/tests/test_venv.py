@@ -4,7 +4,6 @@ import contextlib
 import sys
 import threading
 from dataclasses import replace
-from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -12,43 +11,42 @@ import pytest
 from forktools import download, tools, venv
 from forktools.pins import Exclusion, ForkError
 
-from .conftest import BASE, THIS_PYTHON, WHEEL_FILES, _environment, _wheel
+from .conftest import BASE, THIS_PYTHON, _environment
 
 EXCLUDED = Exclusion("numpy", "a GPU kernel package in this story")
 
 
-def test_plain_base_installs_the_wheel_with_its_requirements(project):
+LOCKED = "six==1.17.0 --hash=sha256:" + "0" * 64
+
+
+def test_environment_installs_its_lock_with_hashes_then_the_wheel(project):
     python = Path("/venv/bin/python")
-    [command] = venv.install_commands(project.base, python, project.wheel)
-    assert command[-1] == str(project.wheel)
-    assert "--no-deps" not in command
-
-
-def test_exclusion_installs_the_rest_and_the_wheel_without_deps(project):
-    base = replace(project.base, cpu_test_exclude=(EXCLUDED,))
-    deps, wheel = venv.install_commands(base, Path("/venv/bin/python"), project.wheel)
-    assert "numpy" not in deps
-    assert 'six>=1.16.0; python_version > "3.11"' in deps
+    lock, wheel = venv.install_commands(project.base, python, project.wheel)
+    lock_path = str(project.lock("test"))
+    assert lock[-4:] == ["--require-hashes", "--no-deps", "-r", lock_path]
     assert wheel[-2:] == ["--no-deps", str(project.wheel)]
 
 
-def test_exclusion_the_wheel_does_not_declare_is_refused(project, tmp_path):
-    metadata = next(name for name in WHEEL_FILES if name.endswith("METADATA"))
-    wheel = tmp_path / project.wheel.name
-    _wheel(wheel, {**WHEEL_FILES, metadata: "Requires-Dist: numpy==2.0\n"})
+def test_lock_is_resolved_from_the_wheel_less_its_exclusions(project):
+    base = replace(project.base, cpu_test_exclude=(EXCLUDED,))
+    required = venv.lock_requirements(base, "test")
+    assert "numpy" not in required
+    assert 'six>=1.16.0; python_version > "3.11"' in required
+    assert venv.lock_requirements(project.base, "test")[0] == "numpy"
+
+
+def test_exclusion_the_wheel_does_not_declare_is_refused(project):
     base = replace(project.base, cpu_test_exclude=(EXCLUDED,))
     with pytest.raises(ForkError, match="cpu-test-exclude names numpy"):
-        venv.install_commands(base, Path("/venv/bin/python"), wheel)
+        venv.requirements_without(base, ["numpy==2.0"])
 
 
-def test_key_of_a_base_without_exclusions_is_unchanged(project):
-    # The key before exclusions existed: existing environments (about 10 GB
-    # each) must keep it, or they would be rebuilt.
-    base = replace(project.base, test_requirements=("pytest==8.4.2",))
-    spec = "\n".join([base.name, project.wheel.name, sys.version, "pytest==8.4.2"])
-    assert venv._key(base, project.wheel) == sha256(spec.encode()).hexdigest()[:12]
-    excluded = replace(base, cpu_test_exclude=(EXCLUDED,))
-    assert venv._key(excluded, project.wheel) != venv._key(base, project.wheel)
+def test_environment_key_follows_the_lock(project):
+    before = venv._key(project.base, project.wheel)
+    changed = replace(project.base, test_requirements=("pytest==8.4.2",))
+    assert venv._key(changed, project.wheel) == before  # the lock says what is in it
+    project.lock("test", LOCKED)
+    assert venv._key(project.base, project.wheel) != before
 
 
 def _twice_at_once(function):
@@ -113,10 +111,10 @@ def test_only_stale_environments_of_this_python_are_removed(project, builds):
 
 
 def test_stale_environment_in_use_is_kept(project, builds, capsys):
-    # This run uses the environment of the old requirements until it exits,
-    # as a `make verify` that started before them would.
-    before = replace(project.base, test_requirements=("pytest==8.4.2",))
-    in_use = venv.ensure(before).parent.parent
+    # This run uses the environment of the old lock until it exits, as a
+    # `make verify` that started before it moved would.
+    in_use = venv.ensure(project.base).parent.parent
+    project.lock("test", LOCKED)
     venv.ensure(project.base)
     assert len(builds) == 2
     assert (in_use / venv.COMPLETE_MARKER).exists()

@@ -297,11 +297,11 @@ def test_each_changed_input_invalidates_exactly_its_rows(
     ]
     diff.write_text(original)
 
-    real_locked_set = prove.locked_set
-    monkeypatch.setattr(prove, "locked_set", lambda python: [*real_locked_set(python), "x==2"])
-    assert all("test environment's locked set" in why for why in _plan(project).values())
-    assert ledger.stale(project.base) == []  # another machine's, not the queue's
-    monkeypatch.setattr(prove, "locked_set", real_locked_set)
+    project.lock("test", "x==2 --hash=sha256:" + "0" * 64)
+    assert all("locked environments" in why for why in _plan(project).values())
+    assert len([p for p in ledger.stale(project.base) if "locked environments" in p]) == 3
+    project.lock("test")
+    assert _plan(project) == {"0001": "", "0002": "", "0003": ""}
 
     harness = tmp_path / "harness"
     shutil.copytree(prove.HARNESS, harness)

@@ -23,6 +23,7 @@ from .conftest import (
     _sdist,
     copy_tooling,
     git,
+    installable_wheel,
     sha256,
 )
 from .test_editable_install import build_wheelhouse  # noqa: F401 (a fixture)
@@ -149,7 +150,7 @@ def test_two_builds_are_byte_identical(fleet, tmp_path):
 
 
 def test_manifest_and_status_name_the_inputs_and_the_wheel(fleet, capsys):
-    assert cli.main(["wheel", "--all-platforms"]) == 0
+    assert cli.main(["wheel", "--all-platforms", "--no-lock"]) == 0
     dist = fleet.root / "dist"
     version = materialize.version(fleet.base)
 
@@ -174,6 +175,40 @@ def test_manifest_and_status_name_the_inputs_and_the_wheel(fleet, capsys):
     lines = status.wheel_lines([fleet.base])
     assert f"wheel: dist/{x86['wheel']} sha256 {x86['sha256']}, from " in "".join(lines)
     assert x86["sha256"] in capsys.readouterr().out
+
+
+def test_beside_the_wheel_a_hashed_node_lock_and_its_constraints(fleet, capsys):
+    numpy = installable_wheel(fleet.index / "numpy-2.0-py3-none-any.whl")
+    assert cli.main(["wheel"]) == 0
+    [built] = (fleet.root / "dist").glob("*.whl")
+    python = ".".join(platform.python_version_tuple()[:2])
+    stem = f"{built.name}.python{python}"
+    lock = (fleet.root / "dist" / f"{stem}.lock.txt").read_text()
+    assert f"numpy==2.0 \\\n    --hash=sha256:{sha256(numpy)}\n" in lock
+    assert "six" not in lock  # its marker is false on this Python
+    assert (fleet.root / "dist" / f"{stem}.constraints.txt").read_text() == "numpy==2.0\n"
+    assert f"lock {built}.python{python}.lock.txt" in capsys.readouterr().out
+
+
+def test_a_requirement_the_index_lacks_is_one_line_and_the_wheel_is_kept(
+    fleet, capsys
+):
+    assert cli.main(["wheel", "--all-platforms"]) == 1
+    version = materialize.version(fleet.base)
+    why = {
+        arch: "the package index serves no numpy"
+        if arch == platform.machine()
+        else "pip resolves environment markers for the machine it runs on; "
+        f"run `make wheel` on an {arch} machine"
+        for arch in ("x86_64", "aarch64")
+    }
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if "no lock for" in line] == [
+        f"vllm-fork: no lock for {wheel.fork_wheel_name(wheel_name(arch), version)}: "
+        + why[arch]
+        for arch in ("x86_64", "aarch64")
+    ]
+    assert len(list((fleet.root / "dist").glob("*.whl"))) == 2
 
 
 def test_pip_installs_the_wheel_into_a_fresh_venv(fleet, tmp_path):
