@@ -124,12 +124,12 @@ def read_file(file: Path, python_version: str, run: str = "`make lock`") -> Lock
     return lock
 
 
-def render(lock: Lock, what: str) -> str:
+def render(lock: Lock, what: str, written_by: str = "make lock") -> str:
     lines = [
         f"# The {what}: every distribution, with the sha256 of its file.",
         f"# for Python {lock.python} on {lock.machine}",
-        "# Written by `make lock` (pip's resolver and configuration); review, do "
-        "not edit.",
+        f"# Written by `{written_by}` (pip's resolver and configuration); review, "
+        "do not edit.",
     ]
     for pinned in sorted(lock.pinned, key=lambda p: p.name):
         lines += [f"{pinned.line} \\", f"    --hash=sha256:{pinned.sha256}"]

@@ -131,7 +131,8 @@ def write_locks(base: Base, built: Built, artifact: Artifact) -> tuple[Path, Pat
     stem = f"{built.path.name}.python{python}"
     hashed = built.path.with_name(f"{stem}.lock.txt")
     lock = envlocks.Lock(hashed, python, platform.machine(), tuple(pinned))
-    hashed.write_text(envlocks.render(lock, f"GPU node set for {built.path.name}"))
+    what = f"GPU node set for {built.path.name}"
+    hashed.write_text(envlocks.render(lock, what, written_by="make wheel"))
     plain = built.path.with_name(f"{stem}.constraints.txt")
     plain.write_text(envlocks.constraints(lock))
     return hashed, plain
