@@ -180,17 +180,24 @@ def explain(pip_output: str, lock: Lock, base: Base) -> str | None:
 
 
 def resolve(
-    python: str, requirements: list[str], *, no_deps: bool = False
+    python: str,
+    requirements: list[str],
+    *,
+    no_deps: bool = False,
+    ignore_installed: bool = True,
 ) -> list[Pinned]:
     """What pip, run by ``python`` under its configuration, would install for
-    ``requirements`` into an empty environment, each with its file's sha256."""
+    ``requirements`` (into an empty environment, or with ``ignore_installed``
+    false beside what ``python`` has), each with its file's sha256."""
     if not requirements:
         return []
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
+        options = ["--no-deps"] if no_deps else []
+        options += ["--ignore-installed"] if ignore_installed else []
         command = [
-            python, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-            "--quiet", "--report", str(report), *(["--no-deps"] if no_deps else []),
+            python, "-m", "pip", "install", "--dry-run", "--quiet",
+            "--report", str(report), *options,
         ]  # fmt: skip
         done = subprocess.run(
             [*command, *requirements], stderr=subprocess.PIPE, text=True
@@ -229,26 +236,27 @@ def _sha256(python: str, item: dict) -> str:
         return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
-def seeds(python: str) -> list[str]:
-    """``name==version`` of what ``python -m venv`` puts into a new
-    environment (pip, and setuptools before Python 3.12)."""
+def locked(
+    python: str, requirements: list[str], *, no_deps: bool = False
+) -> tuple[Pinned, ...]:
+    """The set a new environment made by ``python`` gets for
+    ``requirements``: what ``python -m venv`` seeds it with (pip, and
+    setuptools before Python 3.12), less what pip then installs over them,
+    and what pip installs, as resolved in such an environment."""
     from forktools import prove
 
     with tempfile.TemporaryDirectory() as tmp:
         if subprocess.run([python, "-m", "venv", tmp]).returncode != 0:
             raise ForkError(f"`{python} -m venv` failed (output above)")
-        return prove.locked_set(Path(tmp) / "bin" / "python")[1:]
-
-
-def locked(
-    python: str, requirements: list[str], *, no_deps: bool = False
-) -> tuple[Pinned, ...]:
-    """The set an environment made by ``python`` gets for ``requirements``:
-    pip's resolution, and the seeds of ``python -m venv`` it does not move."""
-    resolved = resolve(python, requirements, no_deps=no_deps)
-    names = {p.name for p in resolved}
-    kept = [s for s in seeds(python) if s.split("==")[0] not in names]
-    return tuple(sorted([*resolved, *resolve(python, kept, no_deps=True)], key=_name))
+        fresh = str(Path(tmp) / "bin" / "python")
+        seeds = prove.locked_set(Path(fresh))[1:]
+        installed = resolve(
+            fresh, requirements, no_deps=no_deps, ignore_installed=False
+        )
+        names = {p.name for p in installed}
+        kept = [seed for seed in seeds if seed.split("==")[0] not in names]
+        installed += resolve(fresh, kept, no_deps=True)
+    return tuple(sorted(installed, key=_name))
 
 
 def moves(old: Lock | None, new: Lock) -> list[str]:

@@ -3,7 +3,6 @@
 import hashlib
 import platform
 import subprocess
-import sys
 
 import pytest
 
@@ -30,12 +29,13 @@ def installable(project):
 
 
 @pytest.fixture(scope="module")
-def seeds() -> list[str]:
+def seeds(tmp_path_factory) -> list[str]:
     """What ``python -m venv`` puts in, locked with any hash: pip finds it
     installed already and fetches nothing."""
-    return [
-        f"{seed} --hash=sha256:{'0' * 64}" for seed in envlocks.seeds(sys.executable)
-    ]
+    fresh = tmp_path_factory.mktemp("seeds")
+    venv.make_venv(fresh)
+    listed = venv.prove.locked_set(fresh / "bin" / "python")[1:]
+    return [f"{seed} --hash=sha256:{'0' * 64}" for seed in listed]
 
 
 def test_environment_from_a_lock_in_an_empty_cache_holds_exactly_the_lock(
