@@ -16,12 +16,12 @@ lock change makes stale without building anything, and the package index
 moving on changes nothing until ``make lock`` moves a lock.
 
 ``make lock`` is the one command that moves them. Its resolver is pip's own
-(``pip install --dry-run --report``), run by the Python the environment is
-made by, under pip's own configuration (``pip config list``: index, extra
-indexes, find-links, constraints), the same pip and configuration that then
-installs the lock. pip rather than ``uv pip compile``: uv reads neither pip's
-configuration nor its constraint files, so it would lock a set that the
-installing pip might not serve.
+(``pip install --dry-run --report``), run in a new environment of the Python
+the environment is made by, under pip's own configuration (``pip config
+list``: index, extra indexes, find-links, constraints), the same pip and
+configuration that then installs the lock. pip rather than ``uv pip
+compile``: uv reads neither pip's configuration nor its constraint files, so
+it would lock a set that the installing pip might not serve.
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from forktools.pins import Base, ForkError
 
 _HEADER = re.compile(r"^# for Python (\d+\.\d+) on (\S+)$", re.MULTILINE)
 _PINNED = re.compile(
-    r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)\s*\\?\s*\n?\s*--hash=sha256:([0-9a-f]{64})$",
-    re.MULTILINE,
+    r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+) +--hash=sha256:([0-9a-f]{64})"
 )
 _NOT_SERVED = re.compile(r"No matching distribution found for (\S+)")
 _HASH_MISMATCH = re.compile(
@@ -108,12 +107,7 @@ def read_file(file: Path, python_version: str, run: str = "`make lock`") -> Lock
             f"{file.relative_to(pins.ROOT)}: not a lock `make lock` wrote (no "
             f"'# for Python X.Y on <machine>' line); restore it with git or run {run}"
         )
-    lock = Lock(
-        file,
-        header[1],
-        header[2],
-        tuple(Pinned(n.lower(), v, h) for n, v, h in _PINNED.findall(text)),
-    )
+    lock = Lock(file, header[1], header[2], tuple(_pinned(file, text)))
     wanted = ".".join(python_version.split(".")[:2])
     if (lock.python, lock.machine) != (wanted, platform.machine()):
         raise ForkError(
@@ -122,6 +116,24 @@ def read_file(file: Path, python_version: str, run: str = "`make lock`") -> Lock
             f"with Python {lock.python}, or lock this one with {run}"
         )
     return lock
+
+
+def _pinned(file: Path, text: str) -> list[Pinned]:
+    """Each ``name==version --hash=sha256:<hex>`` requirement of ``text``."""
+    found = []
+    logical = re.sub(r"\s*\\\n\s*", " ", text)  # continuation lines joined
+    for line in logical.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        pinned = _PINNED.fullmatch(line.strip())
+        if pinned is None:
+            raise ForkError(
+                f"{file}: {line.strip()!r} is not `name==version "
+                "--hash=sha256:<hex>`; restore the file with git or run `make lock`"
+            )
+        name, version, sha256 = pinned.groups()
+        found.append(Pinned(name.lower(), version, sha256))
+    return found
 
 
 def render(lock: Lock, what: str, written_by: str = "make lock") -> str:

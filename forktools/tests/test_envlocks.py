@@ -155,3 +155,9 @@ def test_a_tool_with_a_lock_is_installed_from_it(project, seeds):
         check=True,
     )
     assert f"{TINY}==1.0" in shown.stdout.split()
+
+
+def test_a_lock_line_without_its_hash_names_the_file_and_the_line(project):
+    path = project.lock("test", f"a==1 --hash=sha256:{'0' * 64}", "b==2")
+    with pytest.raises(ForkError, match=rf"{path}: 'b==2' is not `name==version"):
+        venv.environments(project.base)
