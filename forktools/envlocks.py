@@ -32,6 +32,7 @@ import platform
 import re
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,12 @@ class Lock:
     python: str  # X.Y
     machine: str  # platform.machine()
     pinned: tuple[Pinned, ...]
+
+    @classmethod
+    def made(cls, path: Path, python_version: str, pinned: Iterable[Pinned]) -> Lock:
+        """The lock of ``pinned`` for Python ``python_version`` on this machine."""
+        python = ".".join(python_version.split(".")[:2])
+        return cls(path, python, platform.machine(), tuple(pinned))
 
     @property
     def lines(self) -> list[str]:

@@ -28,7 +28,7 @@ def resolved(base: Base, role: str) -> envlocks.Lock:
         flush=True,
     )
     pinned = envlocks.locked(python.executable, venv.lock_requirements(base, role))
-    return _lock(base, role, python, pinned)
+    return envlocks.Lock.made(envlocks.path(base, role), python.version, pinned)
 
 
 def recorded(base: Base, role: str) -> envlocks.Lock:
@@ -38,19 +38,13 @@ def recorded(base: Base, role: str) -> envlocks.Lock:
     if role not in sets:
         raise ForkError(f"patches/{base.name}/proof.json records no {role} environment")
     python = venv.interpreter(base, role)
-    own = set(sets[role][1:]) - {envlocks.wheel_line(venv.wheel_file(base, role))}
     if role == "engine" and base.engine and base.engine.kernels_only:
         pinned = envlocks.locked(python.executable, [])  # the new environment's seeds
     else:
-        pinned = envlocks.locked(python.executable, sorted(own), no_deps=True)
-    return _lock(base, role, python, pinned)
-
-
-def _lock(
-    base: Base, role: str, python: venv.Interpreter, pinned: tuple
-) -> envlocks.Lock:
-    version = ".".join(python.version.split(".")[:2])
-    return envlocks.Lock(envlocks.path(base, role), version, platform.machine(), pinned)
+        wheel = envlocks.wheel_line(venv.wheel_file(base, role))
+        own = sorted(set(sets[role][1:]) - {wheel})
+        pinned = envlocks.locked(python.executable, own, no_deps=True)
+    return envlocks.Lock.made(envlocks.path(base, role), python.version, pinned)
 
 
 def main(bases: list[Base], from_ledger: bool = False) -> int:
@@ -107,11 +101,10 @@ def tool_environments(bases: list[Base]) -> dict[str, tuple[list[str], bool]]:
 def _tool_lock(name: str, requirements: list[str], target: bool) -> envlocks.Lock:
     print(f"lock: tool {name}: resolving", file=sys.stderr, flush=True)
     if target:  # packages alone, no environment of their own
-        pinned = tuple(envlocks.resolve(sys.executable, requirements, no_deps=True))
+        pinned = envlocks.resolve(sys.executable, requirements, no_deps=True)
     else:
         pinned = envlocks.locked(sys.executable, requirements)
-    version = ".".join(platform.python_version_tuple()[:2])
-    return envlocks.Lock(tools.lock_path(name), version, platform.machine(), pinned)
+    return envlocks.Lock.made(tools.lock_path(name), platform.python_version(), pinned)
 
 
 def _tool_current(name: str) -> envlocks.Lock | None:

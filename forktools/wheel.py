@@ -122,15 +122,15 @@ def write_locks(base: Base, built: Built, artifact: Artifact) -> tuple[Path, Pat
             "for the machine it runs on; run `make wheel` on an "
             f"{artifact.file.rsplit('_', 1)[-1].removesuffix('.whl')} machine"
         )
-    python = ".".join(platform.python_version_tuple()[:2])
     required = wheelmeta.read(fetch(base, artifact)).install_requires
     try:
         pinned = envlocks.resolve(sys.executable, required)
     except ForkError as error:
         raise ForkError(f"no lock for {built.path.name}: {error}") from None
+    python = ".".join(platform.python_version_tuple()[:2])
     stem = f"{built.path.name}.python{python}"
     hashed = built.path.with_name(f"{stem}.lock.txt")
-    lock = envlocks.Lock(hashed, python, platform.machine(), tuple(pinned))
+    lock = envlocks.Lock.made(hashed, python, pinned)
     what = f"GPU node set for {built.path.name}"
     hashed.write_text(envlocks.render(lock, what, written_by="make wheel"))
     plain = built.path.with_name(f"{stem}.constraints.txt")
