@@ -106,9 +106,10 @@ def _install(path: Path, name: str, requirements: list[str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
     venv.make_venv(path)
     install = [str(path / "bin" / "python"), "-m", "pip", "install", "-q"]
-    if requirements:
-        install += _locked(name, requirements)
-    if requirements and subprocess.run(install).returncode != 0:
+    if (
+        requirements
+        and subprocess.run([*install, *_locked(name, requirements)]).returncode != 0
+    ):
         raise ForkError(
             f"could not install {' '.join(requirements)} into {path} (pip output "
             "above); check your package index settings and run the command again"
