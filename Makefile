@@ -10,9 +10,11 @@ unknown_vars := $(filter-out $(known_vars) MAKEFLAGS VLLM_% PIP_% UV_%,$(given_v
 ifneq ($(unknown_vars),)
 $(error $(foreach v,$(unknown_vars),$(v)=$($(v))) is not a variable of this Makefile; it reads $(known_vars))
 endif
+# A switch (FRESH=1) is off when empty, 0, no, false or off.
+on = $(filter-out 0 no No NO false False FALSE off Off OFF,$(1))
 base_arg = $(if $(BASE),--base $(BASE))
 jobs_arg = $(if $(JOBS),--jobs $(JOBS))
-proof_args = $(if $(FRESH),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
+proof_args = $(if $(call on,$(FRESH)),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
 forktools = $(PYTHON) -m forktools
 
 .PHONY: help fork export check status verify read-only lint test test-tooling venv lock engine pr bench rebase wheel
@@ -31,10 +33,11 @@ check: ## fail when patches/ and the fork trees disagree, or a proof ledger is s
 	$(forktools) check $(base_arg)
 
 status: ## table: base, patch, subject, upstream status, newer releases (FETCH=1: download what that needs)
-	$(forktools) status $(base_arg) $(if $(FETCH),--fetch)
+	$(forktools) status $(base_arg) $(if $(call on,$(FETCH)),--fetch)
 
 verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT=n rows proved again; JOBS=n; HUNKS=1 [PATCH=n]: each fix hunk reverted alone)
-	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args) $(if $(HUNKS),--hunks $(if $(PATCH),--patch $(PATCH)))
+	$(if $(and $(PATCH),$(if $(call on,$(HUNKS)),,no)),$(error PATCH=$(PATCH) goes with HUNKS=1 (make verify HUNKS=1 PATCH=n); verify also reads BASE JOBS FRESH AUDIT AUDIT_SEED))
+	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args) $(if $(call on,$(HUNKS)),--hunks $(if $(PATCH),--patch $(PATCH)))
 
 read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip
 	$(forktools) read-only $(base_arg)
@@ -43,7 +46,7 @@ lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on ev
 	$(forktools) lint $(base_arg)
 
 wheel: ## the fork wheel for fleets in dist/, with its node lock (ALL=1: every pinned platform; NO_LOCK=1: the wheel alone)
-	$(forktools) wheel $(base_arg) $(if $(ALL),--all-platforms) $(if $(NO_LOCK),--no-lock)
+	$(forktools) wheel $(base_arg) $(if $(call on,$(ALL)),--all-platforms) $(if $(call on,$(NO_LOCK)),--no-lock)
 
 lock: ## write locks/<base>/*.txt from the package index and print each move (FROM=ledger: the sets the proof ledgers record)
 	$(forktools) lock $(base_arg) $(if $(filter ledger,$(FROM)),--from-ledger,$(if $(FROM),$(error FROM=$(FROM): the only source besides the index is FROM=ledger)))
@@ -52,7 +55,7 @@ venv: ## build the per-base test environments from their locks (cached)
 	$(forktools) venv $(base_arg)
 
 engine: ## build the CPU engine environments (cached; SMOKE=1 runs the engine on the fork tree)
-	$(forktools) engine-env $(base_arg) $(if $(SMOKE),--smoke)
+	$(forktools) engine-env $(base_arg) $(if $(call on,$(SMOKE)),--smoke)
 
 test-tooling: ## the tooling's own tests (about a minute on 2 CPUs; the first run installs pytest-xdist into the cache)
 	$(forktools) test-tooling
@@ -64,7 +67,7 @@ pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body
 	$(forktools) pr $(base_arg) --patch $(PATCH)
 
 rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests; PORTED=1 records a hand port), with a report
-	$(forktools) rebase --to $(TO) $(if $(PROBE),--probe-tests) $(if $(PORTED),--ported)
+	$(forktools) rebase --to $(TO) $(if $(call on,$(PROBE)),--probe-tests) $(if $(call on,$(PORTED)),--ported)
 
 bench: ## fork vs pristine costs, written to BENCHMARKS.md (FIGURES=fleet,...: only those; VLLM_FORK_BENCH_INSTALL=0: quick)
 	$(forktools) bench $(base_arg) $(if $(FIGURES),--figures $(FIGURES))

@@ -224,7 +224,8 @@ def _tooling_tests(python: str) -> int:
     from forktools.pins import ROOT
 
     command = [python, "-m", "pytest", "-q", "forktools/tests"]
-    environment = dict(os.environ)
+    # The host's pytest plugins (pytest-benchmark, ...) are not the tooling's.
+    environment = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     workers = min(4, os.cpu_count() or 1)
     try:
         plugin = tools.packages(tools.XDIST) if workers > 1 else None
@@ -234,7 +235,7 @@ def _tooling_tests(python: str) -> int:
     if plugin:
         path = [str(plugin), *filter(None, [environment.get("PYTHONPATH")])]
         environment["PYTHONPATH"] = os.pathsep.join(path)
-        command += ["-n", str(workers), "--dist", "loadfile"]
+        command += ["-p", "xdist.plugin", "-n", str(workers), "--dist", "loadfile"]
     return subprocess.run(command, cwd=ROOT, env=environment).returncode
 
 

@@ -235,3 +235,43 @@ def test_a_package_that_cannot_be_installed_is_named_and_leaves_nothing(project)
     with pytest.raises(ForkError, match=r"could not install nothing-here==1\.0 \("):
         tools.packages(("nothing-here==1.0",))
     assert not (project.root.parent / "cache" / "tools" / "nothing-here-1.0").exists()
+
+
+@pytest.mark.parametrize("value", ["", "0", "no", "false", "off", "1", "yes"])
+def test_a_make_switch_is_off_when_empty_0_no_false_or_off(value):
+    made = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "verify", f"FRESH={value}"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    assert ("--fresh" in made.stdout) == (value in ("1", "yes"))
+
+
+def test_make_verify_refuses_patch_without_hunks():
+    for switches in ([], ["HUNKS=0"]):
+        made = subprocess.run(
+            ["make", "-n", "-C", str(ROOT), "verify", "PATCH=2", *switches],
+            capture_output=True,
+            text=True,
+        )
+        assert made.returncode == 2
+        assert "PATCH=2 goes with HUNKS=1 (make verify HUNKS=1 PATCH=n)" in made.stderr
+        assert "forktools verify" not in made.stdout
+
+
+def test_tooling_tests_leave_the_hosts_pytest_plugins_out(monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(tools, "packages", lambda requirements: tmp_path)
+    monkeypatch.setattr(
+        subprocess,
+        "run",
+        lambda command, **kwargs: ran.append((command, kwargs["env"]))
+        or subprocess.CompletedProcess(command, 0),
+    )
+    assert cli._tooling_tests(sys.executable) == 0
+    [(command, env)] = ran
+    assert env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
+    assert command[command.index("-p") + 1] == "xdist.plugin"
+    assert str(tmp_path) in env["PYTHONPATH"].split(os.pathsep)
