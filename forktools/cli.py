@@ -12,9 +12,11 @@ from forktools.pins import ForkError
 
 
 def _bases(args) -> list[pins.Base]:
+    """``--base``, else ``VLLM_FORK_BASE`` (refused when it pins nothing),
+    else every pinned base."""
     pinned = pins.load()
-    if getattr(args, "base", None):
-        return [pinned.get(args.base)]
+    if getattr(args, "base", None) or os.environ.get(pins.BASE_ENV):
+        return [pinned.get(getattr(args, "base", None))]
     return pinned.newest_first()
 
 

@@ -99,6 +99,8 @@ class Pins:
             name = os.environ.get(BASE_ENV)
             source = f" (from {BASE_ENV})" if name else " (the default)"
         name = name or self.default
+        if name not in self.bases and f"v{name}" in self.bases:
+            name = f"v{name}"  # BASE=0.33.0 names v0.33.0
         if name not in self.bases:
             known = ", ".join(self.bases)
             raise ForkError(

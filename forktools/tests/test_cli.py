@@ -275,3 +275,18 @@ def test_tooling_tests_leave_the_hosts_pytest_plugins_out(monkeypatch, tmp_path)
     assert env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] == "1"
     assert command[command.index("-p") + 1] == "xdist.plugin"
     assert str(tmp_path) in env["PYTHONPATH"].split(os.pathsep)
+
+
+def test_every_command_honours_or_refuses_vllm_fork_base(project, monkeypatch, capsys):
+    monkeypatch.setenv("VLLM_FORK_BASE", "v0.1.0")
+    assert cli.main(["status"]) == 2
+    said = capsys.readouterr().err
+    assert f"unknown base 'v0.1.0' (from VLLM_FORK_BASE): upstream.toml pins {BASE}" in said
+    monkeypatch.setenv("VLLM_FORK_BASE", BASE)
+    assert [base.name for base in cli._bases(cli.parser().parse_args(["status"]))] == [
+        BASE
+    ]
+
+
+def test_a_base_is_named_with_or_without_its_v(project):
+    assert pins.load().get(BASE.removeprefix("v")).name == BASE
