@@ -43,7 +43,7 @@ def cmd_check(args) -> int:
     """Fail when patches/ and the fork trees disagree, or a proof ledger is stale."""
     from forktools import ledger
 
-    found = []
+    found, checked = [], 0
     for base in _bases(args):
         if getattr(args, "here", False) and not materialize.is_current(base):
             print(
@@ -52,10 +52,13 @@ def cmd_check(args) -> int:
                 file=sys.stderr,
             )
             continue
+        checked += 1
         found += check.problems(base) or ledger.stale(base)
     for problem in found:
         print(f"check: {problem}", file=sys.stderr)
-    if not found:
+    if not checked:
+        print("check: nothing checked (no base's tree is built for its queue)")
+    elif not found:
         print("check: patches/ and the fork trees agree; the proof ledgers are current")
     return 1 if found else 0
 

@@ -165,7 +165,9 @@ def test_a_release_candidate_pins_and_sorts_before_its_release(project):
 
 def test_check_here_downloads_and_builds_nothing(project, capsys):
     assert cli.main(["check", "--here"]) == 0
-    assert f"{BASE}: not checked, its tree is not built" in capsys.readouterr().err
+    said = capsys.readouterr()
+    assert f"{BASE}: not checked, its tree is not built" in said.err
+    assert said.out == "check: nothing checked (no base's tree is built for its queue)\n"
     assert not (project.root / ".fork").exists()
     assert not materialize.download.cache_dir().exists()
     materialize.ensure(project.base)
