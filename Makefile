@@ -64,9 +64,11 @@ test: ## everything CI runs: tooling tests, lint, check, verify, read-only tests
 	$(forktools) test $(base_arg) $(jobs_arg) $(proof_args)
 
 pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body
+	$(if $(PATCH),,$(error make pr needs PATCH=n: the patch's number in patches/<base>/series (make status lists them)))
 	$(forktools) pr $(base_arg) --patch $(PATCH)
 
 rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests; PORTED=1 records a hand port), with a report
+	$(if $(TO),,$(error make rebase needs TO=<release>: the upstream release to move to (TO=0.35.0)))
 	$(forktools) rebase --to $(TO) $(if $(call on,$(PROBE)),--probe-tests) $(if $(call on,$(PORTED)),--ported)
 
 bench: ## fork vs pristine costs, written to BENCHMARKS.md (FIGURES=fleet,...: only those; VLLM_FORK_BENCH_INSTALL=0: quick)

@@ -292,3 +292,18 @@ def test_every_command_honours_or_refuses_vllm_fork_base(project, monkeypatch, c
 
 def test_a_base_is_named_with_or_without_its_v(project):
     assert pins.load().get(BASE.removeprefix("v")).name == BASE
+
+
+@pytest.mark.parametrize(
+    "target, said",
+    [
+        ("pr", "make pr needs PATCH=n: the patch's number in patches/<base>/series"),
+        ("rebase", "make rebase needs TO=<release>: the upstream release to move to"),
+    ],
+)
+def test_a_missing_patch_or_to_is_one_line(target, said):
+    made = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), target], capture_output=True, text=True
+    )
+    assert made.returncode == 2
+    assert said in made.stderr and "usage:" not in made.stderr
