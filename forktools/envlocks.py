@@ -71,8 +71,7 @@ class Lock:
     @classmethod
     def made(cls, path: Path, python_version: str, pinned: Iterable[Pinned]) -> Lock:
         """The lock of ``pinned`` for Python ``python_version`` on this machine."""
-        python = ".".join(python_version.split(".")[:2])
-        return cls(path, python, platform.machine(), tuple(pinned))
+        return cls(path, minor(python_version), platform.machine(), tuple(pinned))
 
     @property
     def lines(self) -> list[str]:
@@ -81,6 +80,11 @@ class Lock:
     @property
     def shown(self) -> str:
         return str(self.path.relative_to(pins.ROOT))
+
+
+def minor(python_version: str) -> str:
+    """``X.Y`` of ``X.Y.Z``: the Python a lock is for."""
+    return ".".join(python_version.split(".")[:2])
 
 
 def path(base: Base, role: str) -> Path:
@@ -115,7 +119,7 @@ def read_file(file: Path, python_version: str, run: str = "`make lock`") -> Lock
             f"'# for Python X.Y on <machine>' line); restore it with git or run {run}"
         )
     lock = Lock(file, header[1], header[2], tuple(_pinned(file, text)))
-    wanted = ".".join(python_version.split(".")[:2])
+    wanted = minor(python_version)
     if (lock.python, lock.machine) != (wanted, platform.machine()):
         raise ForkError(
             f"{lock.shown} is for Python {lock.python} on {lock.machine}; this "
@@ -150,7 +154,7 @@ def render(lock: Lock, what: str, written_by: str = "make lock") -> str:
         f"# Written by `{written_by}` (pip's resolver and configuration); review, "
         "do not edit.",
     ]
-    for pinned in sorted(lock.pinned, key=lambda p: p.name):
+    for pinned in sorted(lock.pinned, key=_by_name):
         lines += [f"{pinned.line} \\", f"    --hash=sha256:{pinned.sha256}"]
     return "\n".join(lines) + "\n"
 
@@ -275,7 +279,7 @@ def locked(
         names = {p.name for p in installed}
         kept = [seed for seed in seeds if seed.split("==")[0] not in names]
         installed += resolve(fresh, kept, no_deps=True)
-    return tuple(sorted(installed, key=_name))
+    return tuple(sorted(installed, key=_by_name))
 
 
 def moves(old: Lock | None, new: Lock) -> list[str]:
@@ -300,5 +304,5 @@ def moves(old: Lock | None, new: Lock) -> list[str]:
     return found
 
 
-def _name(pinned: Pinned) -> str:
+def _by_name(pinned: Pinned) -> str:
     return pinned.name

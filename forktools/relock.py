@@ -37,13 +37,12 @@ def recorded(base: Base, role: str) -> envlocks.Lock:
     sets = ledger.load(base).environments
     if role not in sets:
         raise ForkError(f"patches/{base.name}/proof.json records no {role} environment")
-    python = venv.interpreter(base, role)
     if role == "engine" and base.engine and base.engine.kernels_only:
-        pinned = envlocks.locked(python.executable, [])  # the new environment's seeds
-    else:
-        wheel = envlocks.wheel_line(venv.wheel_file(base, role))
-        own = sorted(set(sets[role][1:]) - {wheel})
-        pinned = envlocks.locked(python.executable, own, no_deps=True)
+        return resolved(base, role)  # its new venv's seeds: nothing to record
+    python = venv.interpreter(base, role)
+    wheel = envlocks.wheel_line(venv.wheel_file(base, role))
+    own = sorted(set(sets[role][1:]) - {wheel})
+    pinned = envlocks.locked(python.executable, own, no_deps=True)
     return envlocks.Lock.made(envlocks.path(base, role), python.version, pinned)
 
 

@@ -93,10 +93,12 @@ def environments(base: Base) -> dict[str, list[str]]:
 
 def environment(base: Base, role: str) -> list[str]:
     """What the base's ``role`` environment holds, read from its lock."""
-    lines = [*lock_of(base, role).lines, envlocks.wheel_line(wheel_file(base, role))]
+    python = interpreter(base, role)  # the engine's: a subprocess, asked once
+    lock = envlocks.read(base, role, python.version)
+    lines = [*lock.lines, envlocks.wheel_line(wheel_file(base, role))]
     if role == "engine" and base.engine and base.engine.kernels_only:
         lines += environment(base, "test")[1:]  # layered over the test environment
-    return envlocks.environment(lines, interpreter(base, role).version)
+    return envlocks.environment(lines, python.version)
 
 
 def wheel_file(base: Base, role: str) -> str:

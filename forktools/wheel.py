@@ -127,7 +127,7 @@ def write_locks(base: Base, built: Built, artifact: Artifact) -> tuple[Path, Pat
         pinned = envlocks.resolve(sys.executable, required)
     except ForkError as error:
         raise ForkError(f"no lock for {built.path.name}: {error}") from None
-    python = ".".join(platform.python_version_tuple()[:2])
+    python = envlocks.minor(platform.python_version())
     stem = f"{built.path.name}.python{python}"
     hashed = built.path.with_name(f"{stem}.lock.txt")
     lock = envlocks.Lock.made(hashed, python, pinned)
