@@ -3,12 +3,38 @@ PYTHON ?= python3
 BASE ?=
 # A variable the targets do not read (a typo, `base=` for `BASE=`) would be
 # ignored silently: name it instead.
-known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH FIGURES FROM NO_LOCK
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH WIDE FIGURES FROM NO_LOCK ONTO
 given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 # Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
-unknown_vars := $(filter-out $(known_vars) MAKEFLAGS VLLM_% PIP_% UV_%,$(given_vars))
+passed_vars := MAKEFLAGS VLLM_% PIP_% UV_%
+unknown_vars := $(filter-out $(known_vars) $(passed_vars),$(given_vars))
 ifneq ($(unknown_vars),)
 $(error $(foreach v,$(unknown_vars),$(v)=$($(v))) is not a variable of this Makefile; it reads $(known_vars))
+endif
+# What each target reads besides PYTHON: anything else given to it would be
+# dropped, and a dropped PATCH=2 starts a full verify instead of one patch's.
+reads_help :=
+reads_fork := BASE
+reads_export := BASE
+reads_check := BASE
+reads_fixes := BASE
+reads_status := BASE FETCH WIDE
+reads_verify := BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH
+reads_read-only := BASE
+reads_lint := BASE
+reads_wheel := BASE ALL NO_LOCK
+reads_lock := BASE FROM
+reads_venv := BASE
+reads_engine := BASE SMOKE
+reads_test-tooling :=
+reads_test := BASE JOBS FRESH AUDIT AUDIT_SEED
+reads_pr := BASE PATCH ONTO
+reads_rebase := TO PROBE PORTED
+reads_bench := BASE FIGURES
+goals := $(or $(MAKECMDGOALS),help)
+unread_vars := $(filter-out PYTHON $(foreach g,$(goals),$(reads_$(g))) $(passed_vars),$(given_vars))
+ifneq ($(unread_vars),)
+$(error $(foreach v,$(unread_vars),$(v)=$($(v))) is not read by make $(goals): $(foreach g,$(goals),$(g) reads $(or $(reads_$(g)),no variable);) every target reads PYTHON; nothing was run)
 endif
 # A switch (FRESH=1) is off when empty, 0, no, false or off.
 on = $(filter-out 0 no No NO false False FALSE off Off OFF,$(1))
@@ -17,7 +43,7 @@ jobs_arg = $(if $(JOBS),--jobs $(JOBS))
 proof_args = $(if $(call on,$(FRESH)),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check status verify read-only lint test test-tooling venv lock engine pr bench rebase wheel
+.PHONY: help fork export check fixes status verify read-only lint test test-tooling venv lock engine pr bench rebase wheel
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -32,8 +58,11 @@ export: ## write the fork tree's commits back into patches/<base>/
 check: ## fail when patches/ and the fork trees disagree, or a proof ledger is stale
 	$(forktools) check $(base_arg)
 
-status: ## table: base, patch, subject, upstream status, newer releases (FETCH=1: download what that needs)
-	$(forktools) status $(base_arg) $(if $(call on,$(FETCH)),--fetch)
+fixes: ## the paths of BASE's patches that change vllm/, in order, for git am (the rest are tests)
+	@$(forktools) fixes $(base_arg)
+
+status: ## one base's patches, fix or test, upstream status, newer releases (WIDE=1: every base, full width; FETCH=1: download what that needs)
+	$(forktools) status $(base_arg) $(if $(call on,$(WIDE)),--wide) $(if $(call on,$(FETCH)),--fetch)
 
 verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT=n rows proved again; JOBS=n; HUNKS=1 [PATCH=n]: each fix hunk reverted alone)
 	$(if $(and $(PATCH),$(if $(call on,$(HUNKS)),,no)),$(error PATCH=$(PATCH) goes with HUNKS=1 (make verify HUNKS=1 PATCH=n); verify also reads BASE JOBS FRESH AUDIT AUDIT_SEED))
@@ -63,9 +92,9 @@ test-tooling: ## the tooling's own tests (about a minute on 2 CPUs; the first ru
 test: ## everything CI runs: tooling tests, lint, check, verify, read-only tests
 	$(forktools) test $(base_arg) $(jobs_arg) $(proof_args)
 
-pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body
+pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body (ONTO=<your vLLM checkout>: applied there on a branch; PYTHON=: run its tests there)
 	$(if $(PATCH),,$(error make pr needs PATCH=n: the patch's number in patches/<base>/series (make status lists them)))
-	$(forktools) pr $(base_arg) --patch $(PATCH)
+	$(forktools) pr $(base_arg) --patch $(PATCH) $(if $(ONTO),--onto $(ONTO) $(if $(filter command line,$(origin PYTHON)),--python $(PYTHON)))
 
 rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests; PORTED=1 records a hand port), with a report
 	$(if $(TO),,$(error make rebase needs TO=<release>: the upstream release to move to (TO=0.35.0)))

@@ -30,7 +30,7 @@ __all__ = [
 NO_SDIST = (
     "vllm-fork: error: this repository has no sdist: it holds patches, not "
     "vLLM's sources. Build the fork wheel with `make wheel` (or `pip wheel .`, "
-    "`python -m build --wheel`) and install that; see README, 'Building a "
+    "`python -m build --wheel`) and install that; see docs/fleet.md, 'Building a "
     "wheel for a fleet'."
 )
 

@@ -34,6 +34,7 @@ def export_problems(base: Base) -> list[str]:
     if not found:
         found += _round_trip(base, tree)
     found += _applies_alone(base, tree)
+    found += _fixes_apply_in_order(base, tree)
     found += _without_fix_diffs(base)
     return found
 
@@ -143,6 +144,26 @@ def _applies_alone(base: Base, tree: Path) -> list[str]:
                 f"pristine {base.version}: {result.stderr.strip()}"
             )
     return found
+
+
+def _fixes_apply_in_order(base: Base, tree: Path) -> list[str]:
+    """The fixes alone (``make fixes``), one after another on the pristine
+    base, as an internal build cherry-picks them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git.run(tree, "read-tree", "base", env=index)
+        for entry in queue.fixes(base):
+            patch = base.patch_dir / entry.name
+            result = git.run(
+                tree, "apply", "--cached", str(patch), check=False, env=index
+            )
+            if result.returncode != 0:
+                return [
+                    f"patches/{base.name}/{entry.name}: does not apply on pristine "
+                    f"{base.version} after the fixes before it (make fixes), "
+                    f"without the test patches: {result.stderr.strip()}"
+                ]
+    return []
 
 
 def _unlisted(base: Base) -> list[str]:

@@ -63,11 +63,22 @@ def cmd_check(args) -> int:
     return 1 if found else 0
 
 
+def cmd_fixes(args) -> int:
+    """The queue's patches that change vllm/, in order: the paths to git am."""
+    from forktools import queue
+
+    base = pins.load().get(args.base)
+    for entry in queue.fixes(base):
+        print(base.patch_dir / entry.name)
+    return 0
+
+
 def cmd_status(args) -> int:
-    """Table of every queue: patch, upstream status, which newer releases hold it."""
+    """A queue's patches: fix or test, upstream status, which newer releases hold it."""
     from forktools import status
 
-    return status.main(_bases(args), fetch=args.fetch)
+    bases = _bases(args) if args.wide else [pins.load().get(args.base)]
+    return status.main(bases, fetch=args.fetch, wide=args.wide)
 
 
 def cmd_verify(args) -> int:
@@ -114,7 +125,11 @@ def cmd_pr(args) -> int:
     """One patch for upstream: signed off by you, on the pristine release, PR body."""
     from forktools import pr
 
-    return pr.main(pins.load().get(args.base), args.patch)
+    onto = Path(args.onto).expanduser() if args.onto else None
+    if args.python and not onto:
+        raise ForkError("--python goes with --onto: the environment of that checkout")
+    python = Path(args.python).expanduser() if args.python else None
+    return pr.main(pins.load().get(args.base), args.patch, onto, python)
 
 
 def cmd_rebase(args) -> int:
@@ -287,6 +302,7 @@ COMMANDS = {
     "fork": cmd_fork,
     "export": cmd_export,
     "check": cmd_check,
+    "fixes": cmd_fixes,
     "status": cmd_status,
     "verify": cmd_verify,
     "lint": cmd_lint,
@@ -305,6 +321,8 @@ BASE_DEFAULT = {
     "fork": "$VLLM_FORK_BASE, else upstream.toml's default",
     "export": "the selected tree's",
     "pr": "$VLLM_FORK_BASE, else upstream.toml's default",
+    "status": "$VLLM_FORK_BASE, else upstream.toml's default; with --wide every base",
+    "fixes": "$VLLM_FORK_BASE, else upstream.toml's default",
     "wheel": "$VLLM_FORK_BASE, else upstream.toml's default",
 }
 
@@ -339,6 +357,17 @@ def parser() -> argparse.ArgumentParser:
     sub.choices["pr"].add_argument(
         "--patch", type=int, required=True, help="the patch's number in series"
     )
+    sub.choices["pr"].add_argument(
+        "--onto",
+        help="a vLLM git checkout of yours (upstream main, say): the patch goes "
+        "there on a new branch vllm-fork/<patch>, three-way, and PR.md says which "
+        "commit it was rebased onto and what passed there",
+    )
+    sub.choices["pr"].add_argument(
+        "--python",
+        help="with --onto: the Python of an environment where that checkout is "
+        "installed; the patch's tests run there with it (without it they do not)",
+    )
     sub.choices["pr"].epilog = (
         "Writes pr/<base>/<patch>/: the patch as `git am --keep-non-patch` applies "
         "it to the pristine release, signed off by your git user.name and "
@@ -352,6 +381,14 @@ def parser() -> argparse.ArgumentParser:
         "(Upstream-Status: Inappropriate), and for a backport of a fix upstream "
         "has released (Upstream-Status: Backport)."
     )
+    sub.choices["fixes"].epilog = (
+        "One absolute path per line, in series order, for `git am "
+        "--keep-non-patch $(make -s -C <this repository> fixes BASE=...)` in "
+        "a vLLM checkout of that release. The other patches change only tests: "
+        "the fork's own (Upstream-Status: Inappropriate) and upstream-style "
+        "tests for fixes upstream shipped without one (Test-only). `make check` "
+        "applies the fixes in this order on the pristine release."
+    )
     sub.choices["bench"].add_argument(
         "--figures",
         help="measure only these figures (comma-separated names, as in "
@@ -362,6 +399,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="check only the bases whose fork tree is built for the queue; build "
         "and download nothing (the pre-commit hook)",
+    )
+    sub.choices["status"].add_argument(
+        "--wide",
+        action="store_true",
+        help="every base (or --base), each patch's full upstream status and "
+        "file name, as wide as that takes",
     )
     sub.choices["status"].add_argument(
         "--fetch",

@@ -9,6 +9,7 @@ domain (the maintainers' alias) is no person's, so DCO cannot take it.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -61,6 +62,7 @@ class Submission:
     verified: bool
     newest: str  # whether the patch applies to the newest pinned release
     alone: str  # its tests on the pristine release with it, and without its fix
+    onto: Onto | None = None
 
 
 def submitter() -> Identity:
@@ -110,9 +112,14 @@ def body(base: Base, number: int, alone: Alone | None = None) -> str:
 
 
 def _body(
-    base: Base, entry: queue.Entry, row: Proof | None, alone: Alone | None = None
+    base: Base,
+    entry: queue.Entry,
+    row: Proof | None,
+    alone: Alone | None = None,
+    onto: Onto | None = None,
 ) -> str:
-    result = [_alone(base, alone)] if alone else []
+    result = [_onto(onto)] if onto else []
+    result += [_alone(base, alone)] if alone else []
     result.append(_result(base, row) if row else _unverified(base))
     return "\n".join(
         [
@@ -235,6 +242,35 @@ def _alone(base: Base, alone: Alone) -> str:
     return "\n".join(lines)
 
 
+def _onto(onto: Onto) -> str:
+    brought = (
+        f"; {onto.brought} blob(s) of the release brought in" if onto.brought else ""
+    )
+    lines = [
+        f"Rebased onto upstream commit `{onto.upstream}` (branch `{onto.branch}`, "
+        f"a three-way apply{brought}):",
+        "",
+    ]
+    if onto.tests is None:
+        lines.append(
+            "- its tests: not run on that commit (no Python of an environment "
+            "where that checkout is installed was given: `make pr ... PYTHON=`)"
+        )
+    else:
+        lines.append(f"- its tests there: {_summary(onto.tests, 'passed')}")
+        lines += [f"  {line}" for line in _failures(onto.tests)]
+    checks = (
+        f"upstream's pre-commit checks of that commit ({onto.hooks}) on the "
+        "changed files"
+    )
+    if onto.checks:
+        lines.append(f"- {checks}: {len(onto.checks)} new problem(s):")
+        lines += [f"  - {problem.splitlines()[0]}" for problem in onto.checks]
+    else:
+        lines.append(f"- {checks}: no new problem")
+    return "\n".join(lines)
+
+
 def _summary(outcome: Outcome, field: str) -> str:
     kinds = ", ".join(sorted(outcome.failure_types))
     text = f"{getattr(outcome, field)}/{outcome.total} {field}"
@@ -287,11 +323,17 @@ def _run_plain(
         return prove.run_tests(python, path, tests, label=f"pr {label}", harness=plugin)
 
 
-def prepare(base: Base, number: int) -> Submission:
-    """Write ``pr/<base>/<stem>/`` and branch ``pr/<stem>`` of the fork tree."""
-    who = submitter()
+def prepare(
+    base: Base,
+    number: int,
+    onto: Path | None = None,
+    python: Path | None = None,
+) -> Submission:
+    """Write ``pr/<base>/<stem>/`` and branch ``pr/<stem>`` of the fork tree;
+    with ``onto``, also apply it to that checkout (``run_onto``)."""
     entry = _entry(base, number)
     refuse_fork_only(base, entry)
+    who = submitter()
     tree = materialize.ensure(base)
     stem = entry.name.removesuffix(".patch")
     branch = f"pr/{stem}"
@@ -305,7 +347,8 @@ def prepare(base: Base, number: int) -> Submission:
     patch = Path(written)
     proof = ledger.current_proof(base, entry.name)
     alone = run_alone(base, tree, commit)
-    (directory / "PR.md").write_text(_body(base, entry, proof, alone))
+    applied = run_onto(base, tree, commit, patch, onto, python) if onto else None
+    (directory / "PR.md").write_text(_body(base, entry, proof, alone, applied))
     return Submission(
         directory=directory,
         patch=patch,
@@ -319,6 +362,7 @@ def prepare(base: Base, number: int) -> Submission:
             f"with the patch {_summary(alone.with_fix, 'passed')}; its tests "
             f"without its fix {_summary(alone.without_fix, 'failed')}"
         ),
+        onto=applied,
     )
 
 
@@ -417,8 +461,10 @@ def applies_to_newest(base: Base, patch: Path) -> str:
     return f"applies to {newest.name} as is"
 
 
-def main(base: Base, number: int) -> int:
-    done = prepare(base, number)
+def main(
+    base: Base, number: int, onto: Path | None = None, python: Path | None = None
+) -> int:
+    done = prepare(base, number, onto, python)
     root = pins.ROOT
     print(
         f"{done.patch.relative_to(root)}: on pristine {base.name}, "
@@ -436,6 +482,8 @@ def main(base: Base, number: int) -> int:
             f"PR.md has no test result yet: run `make verify BASE={base.name}`, "
             f"then `make pr BASE={base.name} PATCH={number}` again"
         )
+    if done.onto:
+        return _said_onto(done.onto, done.body)
     print(
         "\nTo submit, from your clone of github.com/vllm-project/vllm (the fork "
         "tree's history is the sdist's, not upstream's):\n"
@@ -448,5 +496,292 @@ def main(base: Base, number: int) -> int:
     return 0
 
 
+def _said_onto(onto: Onto, body: Path) -> int:
+    print(f"{onto.checkout}: branch {onto.branch}, onto {onto.upstream}")
+    if onto.tests is None:
+        print("its tests: not run there (PYTHON= names an environment with it)")
+    else:
+        print(f"its tests there: {_summary(onto.tests, 'passed')}")
+    print(f"upstream checks ({onto.hooks}): {len(onto.checks)} new problem(s)")
+    for problem in onto.checks:
+        print(f"  {problem}")
+    print(
+        f"\nTo submit, from {onto.checkout}:\n"
+        f"  git push -u <your-fork-remote> {onto.branch}\n"
+        f"  gh pr create --body-file {body}"
+    )
+    failed = onto.checks or (onto.tests and (onto.tests.failed or onto.tests.errors))
+    return 1 if failed else 0
+
+
 def _quoted(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
+
+
+@dataclass(frozen=True)
+class Onto:
+    """The patch applied to a vLLM git checkout of the user's, and what ran there."""
+
+    checkout: Path
+    branch: str
+    upstream: str  # the commit it was applied onto: "<sha> <subject>"
+    brought: int  # blobs of the release copied into the checkout for the merge
+    tests: Outcome | None  # None: no Python given
+    checks: list[str]  # what the checkout's pre-commit checks found
+    hooks: str  # which checks those were
+
+
+def onto_branch(stem: str) -> str:
+    return f"vllm-fork/{stem}"
+
+
+def apply_onto(
+    base: Base, tree: Path, patch: Path, checkout: Path
+) -> tuple[str, str, int]:
+    """``patch`` (from the fork tree ``tree``) on a new branch of
+    ``checkout`` at its HEAD, three-way; the branch, the commit it starts
+    from, and how many of the release's blobs were brought in. Resumes a
+    branch that already holds the patch (a conflict finished by hand)."""
+    _require_checkout(checkout)
+    branch = onto_branch(patch.name.split("-", 1)[1].removesuffix(".patch"))
+    subject = _user_git(checkout, "log", "-1", "--format=%s", "HEAD").stdout.strip()
+    wanted = _mailinfo_subject(tree, patch)
+    if _user_git(checkout, "rev-parse", "--verify", "-q", branch).returncode == 0:
+        top = _user_git(checkout, "log", "-1", "--format=%s", branch).stdout.strip()
+        current = _user_git(checkout, "branch", "--show-current").stdout.strip()
+        if top == wanted and current == branch:
+            start = _user_git(checkout, "rev-parse", f"{branch}~1").stdout.strip()
+            return branch, _describe(checkout, start), 0
+        raise ForkError(
+            f"{checkout} already has a branch {branch}; remove it (git branch -D "
+            f"{branch}) or switch to it to resume, then run make pr again"
+        )
+    _require_clean(checkout)
+    start = _user_git(checkout, "rev-parse", "HEAD").stdout.strip()
+    described = f"{start[:12]} {subject}"
+    brought = _bring_blobs(tree, patch, checkout)
+    previous = _user_git(checkout, "branch", "--show-current").stdout.strip() or start
+    _user_git(checkout, "switch", "--quiet", "-c", branch, check=True)
+    applied = _user_git(checkout, "am", "--3way", "--keep-non-patch", str(patch))
+    if applied.returncode != 0:
+        raise ForkError(_conflict(base, patch, checkout, branch, previous, applied))
+    return branch, described, brought
+
+
+def _user_git(
+    checkout: Path, *args: str, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """git in the user's checkout with the user's own configuration and
+    identity (they are the committer), unlike the fork tree's."""
+    result = subprocess.run(
+        ["git", "-C", str(checkout), *args], capture_output=True, text=True
+    )
+    if check and result.returncode != 0:
+        raise ForkError(
+            f"git {' '.join(args)} failed in {checkout}:\n{result.stderr.strip()}"
+        )
+    return result
+
+
+def _require_checkout(checkout: Path) -> None:
+    top = _user_git(checkout, "rev-parse", "--show-toplevel")
+    if not checkout.is_dir() or top.returncode != 0:
+        raise ForkError(
+            f"ONTO={checkout}: not a git checkout (git clone "
+            "https://github.com/vllm-project/vllm, then ONTO=<that path>)"
+        )
+    if Path(top.stdout.strip()).resolve() != checkout.resolve():
+        raise ForkError(
+            f"ONTO={checkout}: name the checkout's top, {top.stdout.strip()}"
+        )
+
+
+def _require_clean(checkout: Path) -> None:
+    """Refuse a checkout with changes or an operation in progress: the
+    patch goes on a branch of its own, and nothing of the user's moves."""
+    for state in ("rebase-apply", "rebase-merge", "MERGE_HEAD", "CHERRY_PICK_HEAD"):
+        path = _user_git(checkout, "rev-parse", "--git-path", state).stdout.strip()
+        if (checkout / path).exists():
+            raise ForkError(
+                f"{checkout}: a git operation is in progress ({state}); finish or "
+                "abort it first"
+            )
+    changed = _user_git(checkout, "status", "--porcelain", "--untracked-files=no")
+    if changed.stdout.strip():
+        files = ", ".join(line[3:] for line in changed.stdout.splitlines()[:5])
+        raise ForkError(
+            f"{checkout} has uncommitted changes ({files}); commit or stash them, "
+            "then run make pr again"
+        )
+
+
+def _describe(checkout: Path, commit: str) -> str:
+    said = _user_git(checkout, "log", "-1", "--format=%h %s", "--abbrev=12", commit)
+    return said.stdout.strip()
+
+
+def _mailinfo_subject(tree: Path, patch: Path) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        return _mailinfo(tree, patch, Path(tmp))["Subject"]
+
+
+_PREIMAGE = re.compile(r"^index ([0-9a-f]{7,})\.\.", re.MULTILINE)
+
+
+def _bring_blobs(tree: Path, patch: Path, checkout: Path) -> int:
+    """Copy each preimage blob the patch names into ``checkout`` where it
+    lacks it, so that ``git am --3way`` can build the merge base."""
+    brought = 0
+    for short in _PREIMAGE.findall(patch.read_text()):
+        if set(short) == {"0"}:
+            continue  # a new file
+        if _user_git(checkout, "cat-file", "-e", f"{short}^{{blob}}").returncode == 0:
+            continue
+        data = git.blob(tree, short)
+        subprocess.run(
+            ["git", "-C", str(checkout), "hash-object", "-w", "--stdin"],
+            input=data,
+            capture_output=True,
+            check=True,
+        )
+        brought += 1
+    return brought
+
+
+def _conflict(
+    base: Base,
+    patch: Path,
+    checkout: Path,
+    branch: str,
+    previous: str,
+    applied: subprocess.CompletedProcess[str],
+) -> str:
+    """Where the three-way apply stopped, and the commands to finish it."""
+    unmerged = _user_git(checkout, "diff", "--name-only", "--diff-filter=U")
+    files = unmerged.stdout.split()
+    where = [
+        f"  {name}: {_conflict_lines(checkout / name)} (the patch's "
+        f"{', '.join(_hunks(patch, name)) or 'hunks'})"
+        for name in files
+    ]
+    if not where:
+        where = [f"  {applied.stderr.strip() or applied.stdout.strip()}"]
+    return "\n".join(
+        [
+            f"patches/{base.name}/{patch.name} does not apply onto "
+            f"{_describe(checkout, 'HEAD')} in {checkout} (branch {branch}), "
+            "three-way:",
+            *where,
+            "Nothing else in the checkout was changed. To finish by hand there:",
+            "  edit the lines between <<<<<<< and >>>>>>>, then",
+            f"  git add {' '.join(files) or '<files>'} && git am --continue",
+            "  and run make pr again (it goes on from the branch).",
+            f"To give up: git am --abort && git switch {previous} && git branch -D "
+            f"{branch}",
+        ]
+    )
+
+
+def _hunks(patch: Path, name: str) -> list[str]:
+    """The ``@@`` headers of the patch's hunks in file ``name``."""
+    section = patch.read_text().partition(f"diff --git a/{name} b/{name}\n")[2]
+    section = section.split("\ndiff --git ", 1)[0]
+    return [line for line in section.splitlines() if line.startswith("@@ ")]
+
+
+def _conflict_lines(path: Path) -> str:
+    """The lines of each conflict in ``path``: ``lines 12-30`` (hunks)."""
+    spans, start = [], None
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if line.startswith("<<<<<<<"):
+            start = number
+        elif line.startswith(">>>>>>>") and start is not None:
+            spans.append(f"{start}-{number}")
+            start = None
+    return f"conflict at lines {', '.join(spans)}" if spans else "conflict"
+
+
+def run_onto(
+    base: Base,
+    tree: Path,
+    commit: str,
+    patch: Path,
+    checkout: Path,
+    python: Path | None,
+) -> Onto:
+    """Apply on the user's checkout, then run the patch's tests there with
+    ``python`` and the checkout's own pre-commit checks on what it changes."""
+    branch, upstream_commit, brought = apply_onto(base, tree, patch, checkout)
+    tests = prove.added_tests(tree, commit)
+    outcome = None
+    if python is not None and tests:
+        with tempfile.TemporaryDirectory() as tmp:
+            plugin = Path(tmp) / "plugin"
+            plugin.mkdir()
+            shutil.copy(prove.HARNESS / f"{REPORT_PLUGIN}.py", plugin)
+            print(f"pr: running {len(tests)} test(s) in {checkout}", file=sys.stderr)
+            outcome = prove.run_tests(
+                python, checkout, tests, label="pr onto", harness=plugin
+            )
+    elif python is not None:
+        outcome = Outcome()
+    hooks, checks = _checks_onto(checkout, f"{branch}~1", branch)
+    return Onto(checkout, branch, upstream_commit, brought, outcome, checks, hooks)
+
+
+def _checks_onto(checkout: Path, before: str, after: str) -> tuple[str, list[str]]:
+    """The checkout's own pre-commit checks on the files the patch changes,
+    in a scratch clone that shares its objects (the checkout is not touched)."""
+    from forktools import download, lint, precommit
+
+    config = _user_git(checkout, "show", f"{after}:{precommit.CONFIG}")
+    if config.returncode != 0:
+        return "none: the checkout has no .pre-commit-config.yaml", []
+    key = hashlib.sha256(config.stdout.encode()).hexdigest()[:12]
+    work = download.cache_dir() / "upstream-checks" / f"onto-{key}"
+    work.mkdir(parents=True, exist_ok=True)
+    scratch = work / "checkout"
+    shutil.rmtree(scratch, ignore_errors=True)
+    subprocess.run(
+        [
+            "git",
+            "clone",
+            "--quiet",
+            "--shared",
+            "--no-checkout",
+            str(checkout),
+            str(scratch),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    before_sha = _user_git(checkout, "rev-parse", before).stdout.strip()
+    after_sha = _user_git(checkout, "rev-parse", after).stdout.strip()
+    changed = _user_git(
+        checkout, "diff", "--name-only", "--diff-filter=d", before_sha, after_sha
+    ).stdout.split()
+    try:
+        hooks, found = precommit.commit_problems(
+            scratch, before_sha, after_sha, changed, work
+        )
+        python = [
+            n for n in precommit.checked_files(hooks, changed) if n.endswith(".py")
+        ]
+        if python and hooks.ruff:
+            found = (
+                lint._ruff(scratch, scratch / "pyproject.toml", python, hooks.ruff)
+                + found
+            )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    ran = [
+        name
+        for name, on in (
+            ("ruff", hooks.ruff),
+            ("typos", hooks.typos),
+            ("mypy", hooks.mypy_script),
+        )
+        if on
+    ]
+    ran += [f"{len(hooks.local)} hook scripts"] if hooks.local else []
+    return ", ".join(ran) or "none configured", found

@@ -90,7 +90,12 @@ class Problem:
 def hooks(base: Base) -> Hooks:
     """The base's pre-commit hooks, as its sdist configures them."""
     work = _work_dir(base)
-    checkout = _sdist_checkout(base, work / "sdist")
+    return hooks_in(_sdist_checkout(base, work / "sdist"), work)
+
+
+def hooks_in(checkout: Path, work: Path) -> Hooks:
+    """The pre-commit hooks ``checkout`` configures; ``work`` keeps the
+    parsed configuration."""
     config = checkout / CONFIG
     if not config.exists():
         return Hooks(None, None, (), (), (), "", None)
@@ -376,6 +381,28 @@ def queue_problems(base: Base, tree: Path, files: list[str], hooks: Hooks) -> li
         f"{check}: {problem}"
         for check, found in after.items()
         for problem in new_problems(found, before.get(check, []))
+    ]
+
+
+def commit_problems(
+    scratch: Path, before: str, after: str, files: list[str], work: Path
+) -> tuple[Hooks, list[str]]:
+    """What the checks ``after`` configures (typos, mypy, the hook scripts)
+    find in ``files`` at commit ``after`` of the git checkout ``scratch``
+    that they do not find at ``before``; the checkout is left at ``after``."""
+    git.run(scratch, "checkout", "--quiet", "--force", "--detach", before)
+    present = [name for name in files if (scratch / name).is_file()]
+    git.run(scratch, "checkout", "--quiet", "--force", "--detach", after)
+    found_hooks = hooks_in(scratch, work)
+    files = checked_files(found_hooks, files)
+    git.run(scratch, "checkout", "--quiet", "--force", "--detach", before)
+    baseline = _checks(found_hooks, scratch, [f for f in present if f in files], work)
+    git.run(scratch, "checkout", "--quiet", "--force", "--detach", after)
+    after_found = _checks(found_hooks, scratch, files, work)
+    return found_hooks, [
+        f"{check}: {problem}"
+        for check, found in after_found.items()
+        for problem in new_problems(found, baseline.get(check, []))
     ]
 
 

@@ -34,6 +34,9 @@ _AM_FAILURE = re.compile(
     re.MULTILINE,
 )
 
+_DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/", re.MULTILINE)
+_NEW_FILE = re.compile(r"^diff --git a/\S+ b/(\S+\.py)\n(new file mode)?", re.MULTILINE)
+
 
 @dataclass(frozen=True)
 class Entry:
@@ -55,6 +58,22 @@ class Entry:
     def text(self, base: Base) -> str:
         return (base.patch_dir / self.name).read_text()
 
+    def changed_files(self, base: Base) -> list[str]:
+        """The paths the patch's diff changes, as ``diff --git`` names them."""
+        return _DIFF_HEADER.findall(self.text(base))
+
+    def new_test_modules(self, base: Base) -> set[str]:
+        """The ``test_*.py`` files the patch creates: its regression tests."""
+        return {
+            path
+            for path, created in _NEW_FILE.findall(self.text(base))
+            if created and path.rpartition("/")[2].startswith("test_")
+        }
+
+    def is_fix(self, base: Base) -> bool:
+        """Whether the patch changes vLLM itself, not only its tests."""
+        return any(path.startswith("vllm/") for path in self.changed_files(base))
+
 
 def entries(base: Base) -> list[Entry]:
     series = base.patch_dir / "series"
@@ -69,6 +88,12 @@ def entries(base: Base) -> list[Entry]:
             raise ForkError(f"{series}:{number}: {name} is listed but missing")
         result.append(Entry(name))
     return result
+
+
+def fixes(base: Base) -> list[Entry]:
+    """The queue's patches that change ``vllm/``, in order: what an internal
+    build cherry-picks; the others are tests only."""
+    return [entry for entry in entries(base) if entry.is_fix(base)]
 
 
 def patches_id(base: Base) -> str:
@@ -131,7 +156,7 @@ def _am_failure(base: Base, name: str, stderr: str) -> str:
         f"patches/{base.name}/{name} no longer applies to vLLM "
         f"{base.version}{where}.\n{stderr.strip()}\n"
         "Rebase it: materialize the tree without it, redo the change, and "
-        "export (see README, 'Moving to a new upstream release')."
+        "export (see docs/rebasing.md, 'Moving to a new upstream release')."
     )
 
 

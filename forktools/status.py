@@ -3,12 +3,22 @@ newer pinned release whether it already contains the patch.
 
 A release contains a patch when the patch reverse-applies on its pristine
 tree. A backport rarely does (upstream wrote its own fix), so for a
-``Backport`` the release its trailer names counts too. Only pristine trees
+``Backport`` the release its trailer names counts too. A patch the release
+lacks is carried when that release's queue has a patch of the same subject
+(what ``make rebase`` keeps) or one that creates the same test module (a fix
+written again for newer code); a newer queue may leave a fork-only test out
+on purpose ("not carried"), never a fix ("NEEDED"). Only pristine trees
 already here are read; ``fetch`` downloads and builds the missing ones and
 asks the package index for releases newer than the newest pin.
+
+By default one base, in the terminal's width (80 columns when it is not a
+terminal); ``wide`` gives every base with the full upstream status.
 """
 
 from __future__ import annotations
+
+import re
+import shutil
 
 from forktools import git, materialize, pins, queue, upstream, wheel
 from forktools.pins import Base
@@ -18,6 +28,11 @@ HEADER = ("base", "#", "patch", "subject", "upstream status", "newer releases")
 
 
 NOT_HERE = "not here (FETCH=1)"
+CARRIED = "carried"
+NOT_CARRIED = "not carried"
+NEEDED = "NEEDED: not carried"
+SHORT = {NOT_HERE: "not here", "in (reverse-applies)": "in release", NEEDED: "NEEDED"}
+_TAGS = re.compile(r"^(\[[^\]]*\])+\s*")
 
 
 def in_release(
@@ -41,24 +56,51 @@ def in_release(
     return "needed"
 
 
+def in_newer(
+    base: Base,
+    entry: queue.Entry,
+    status: upstream.Status | None,
+    newer: Base,
+    fetch: bool = False,
+) -> str:
+    """Whether ``newer`` holds ``entry`` (``in_release``), else whether its
+    queue carries it."""
+    held = in_release(base, entry, status, newer, fetch)
+    if held != "needed":
+        return held
+    subject, tests = entry.subject(base), entry.new_test_modules(base)
+    for other in queue.entries(newer):
+        if other.subject(newer) == subject or tests & other.new_test_modules(newer):
+            return CARRIED
+    return NEEDED if entry.is_fix(base) else NOT_CARRIED
+
+
+def newer_than(base: Base, pinned: pins.Pins) -> list[Base]:
+    return [
+        other
+        for other in pinned.newest_first()[::-1]
+        if pins.version_key(other.version) > pins.version_key(base.version)
+    ]
+
+
+def _status(base: Base, entry: queue.Entry) -> upstream.Status | None:
+    try:
+        return entry.upstream_status(base)
+    except upstream.StatusError:
+        return None
+
+
 def rows(
     bases: list[Base], pinned: pins.Pins, fetch: bool = False
 ) -> list[tuple[str, ...]]:
     result = [HEADER]
     for base in bases:
-        newer = [
-            other
-            for other in pinned.newest_first()[::-1]
-            if pins.version_key(other.version) > pins.version_key(base.version)
-        ]
+        newer = newer_than(base, pinned)
         entries = queue.entries(base)
         for number, entry in enumerate(entries, 1):
-            try:
-                status = entry.upstream_status(base)
-            except upstream.StatusError:
-                status = None
+            status = _status(base, entry)
             releases = "; ".join(
-                f"{other.name}: {in_release(base, entry, status, other, fetch)}"
+                f"{other.name}: {in_newer(base, entry, status, other, fetch)}"
                 for other in newer
             )
             shown = str(status) if status else "MISSING (see make lint)"
@@ -71,9 +113,66 @@ def rows(
     return result
 
 
-def main(bases: list[Base], fetch: bool = False) -> int:
+def kind(base: Base, entry: queue.Entry, status: upstream.Status | None) -> str:
+    """A fix (it changes vllm/) or a test, with its upstream status; a
+    fork-only test is not for upstream."""
+    said = status.kind if status else "MISSING"
+    if entry.is_fix(base):
+        return f"fix: {said}"
+    return "fork-only test" if said == "Inappropriate" else f"test: {said}"
+
+
+def narrow(base: Base, pinned: pins.Pins, fetch: bool = False, width: int = 0) -> str:
+    """One base's queue in ``width`` columns (the terminal's): the subject,
+    its tags left out, is cut to what is left."""
+    width = width or shutil.get_terminal_size((80, 24)).columns
+    newer = newer_than(base, pinned)
+    table = [("#", "kind: upstream", *(b.name for b in newer), "subject")]
+    entries = queue.entries(base)
+    for number, entry in enumerate(entries, 1):
+        status = _status(base, entry)
+        cells = [in_newer(base, entry, status, b, fetch) for b in newer]
+        table.append(
+            (
+                str(number),
+                kind(base, entry, status),
+                *(_short(cell) for cell in cells),
+                _TAGS.sub("", entry.subject(base)),
+            )
+        )
+    used = max(map(len, render([row[:-1] for row in table]).splitlines()))
+    room = width - used - 2
+    if table[1:]:
+        room = max(room, 20)
+        table = [(*row[:-1], _cut(row[-1], room)) for row in table]
+    fixes = sum(row[1].startswith("fix") for row in table[1:])
+    default = " (the default)" if base.name == pinned.default else ""
+    lines = [
+        f"{base.name}{default}: {len(entries)} patches, {fixes} fixes "
+        f"(make fixes BASE={base.name}), {len(entries) - fixes} tests",
+        render(table) if entries else "(empty queue)",
+    ]
+    if any(_short(NOT_HERE) in row for row in table):
+        lines.append("not here: make status FETCH=1 downloads that release")
+    return "\n".join(lines)
+
+
+def _short(cell: str) -> str:
+    released = re.fullmatch(r"upstream's own fix \(v(.*)\)", cell)
+    return f"fixed {released[1]}" if released else SHORT.get(cell, cell)
+
+
+def _cut(text: str, room: int) -> str:
+    return text if len(text) <= room else text[: room - 1].rstrip() + "…"
+
+
+def main(bases: list[Base], fetch: bool = False, wide: bool = True) -> int:
     pinned = pins.load()
-    print(render(rows(bases, pinned, fetch)))
+    if wide:
+        print(render(rows(bases, pinned, fetch)))
+    else:
+        print("\n\n".join(narrow(base, pinned, fetch) for base in bases))
+        print("make status WIDE=1: every base, with the full upstream status")
     if fetch:
         from forktools import relock
 
@@ -85,22 +184,27 @@ def main(bases: list[Base], fetch: bool = False) -> int:
     if current:
         selected = pinned.get(current)
         print(f"\nselected: {current} ({materialize.version(selected)})")
-    for line in wheel_lines(bases):
+    for line in wheel_lines(bases, wide):
         print(line)
     return 0
 
 
-def wheel_lines(bases: list[Base]) -> list[str]:
-    """One line per fork wheel in dist/: its sha256 and the upstream wheel's."""
+def wheel_lines(bases: list[Base], wide: bool = True) -> list[str]:
+    """One line per fork wheel in dist/ (``wide``: its sha256 and the
+    upstream wheel's)."""
     lines = []
     for base in bases:
         for built in wheel.manifests(base):
             upstream_wheel = built["upstream_wheel"]
             stale = built["version"] != materialize.version(base)
+            line = f"wheel: dist/{built['wheel']}"
+            if wide:
+                line += (
+                    f" sha256 {built['sha256']}, from {upstream_wheel['file']} "
+                    f"sha256 {upstream_wheel['sha256']}"
+                )
             lines.append(
-                f"wheel: dist/{built['wheel']} sha256 {built['sha256']}, from "
-                f"{upstream_wheel['file']} sha256 {upstream_wheel['sha256']}"
-                + (" (stale: the queue changed; run make wheel)" if stale else "")
+                line + (" (stale: the queue changed; run make wheel)" if stale else "")
             )
     return lines
 

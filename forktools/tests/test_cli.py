@@ -94,14 +94,44 @@ def test_make_names_a_variable_it_does_not_read():
             made.stderr
         )
     made = subprocess.run(
-        ["make", "-C", str(ROOT), "help", "BASE=v0.33.0", "VLLM_FORK_BENCH_INSTALL=0"],
+        ["make", "-n", "-C", str(ROOT), "fixes", "BASE=v0.33.0", "VLLM_FORK_X=0"],
         capture_output=True,
         text=True,
     )
     assert made.returncode == 0, made.stderr
 
 
-MAKE_OWN_VARIABLES = {"MAKE", "MAKEFILE_LIST", "MAKEFLAGS", "CURDIR"}
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        (["status", "FRESH=1"], "FRESH=1 is not read by make status: status reads "),
+        (["help", "BASE=v0.33.0"], "BASE=v0.33.0 is not read by make help: help "),
+        (["check", "lint", "JOBS=2"], "check reads BASE; lint reads BASE;"),
+        (["rebase", "TO=0.35.0", "BASE=v0.34.0"], "rebase reads TO PROBE PORTED;"),
+    ],
+)
+def test_make_refuses_a_variable_its_target_does_not_read(given, said):
+    made = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), *given], capture_output=True, text=True
+    )
+    assert made.returncode == 2
+    assert said in made.stderr and "nothing was run" in made.stderr
+    assert "forktools" not in made.stdout
+
+
+def test_each_target_says_what_it_reads():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z-]+):.*## ", makefile, re.M))
+    listed = set(re.findall(r"^reads_([a-z-]+) :=", makefile, re.M))
+    assert targets == listed
+    for target in targets:
+        recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)*)", makefile, re.M)
+        switches = set(re.findall(r"\$\(([A-Z][A-Z_]*)\)", recipe.group(1)))
+        read = re.search(rf"^reads_{target} :=(.*)$", makefile, re.M).group(1).split()
+        assert switches - {"PYTHON"} - MAKE_OWN_VARIABLES <= set(read), target
+
+
+MAKE_OWN_VARIABLES = {"MAKE", "MAKEFILE_LIST", "MAKEFLAGS", "MAKECMDGOALS", "CURDIR"}
 
 
 def test_make_accepts_every_variable_its_targets_read():

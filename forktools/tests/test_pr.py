@@ -243,3 +243,152 @@ def test_a_real_author_keeps_authorship_and_is_told_to_sign_off(
     assert pr.main(project.base, 1) == 0
     out = capsys.readouterr().out
     assert f"note: the author, {grace}, has not signed off; DCO needs theirs" in out
+
+
+LAYER_3_TEST = (
+    "def test_layer_3():\n    from vllm import core\n\n    assert core.layer_3() == 33\n"
+)
+
+
+def _upstream_checkout(project, tmp_path, core: str) -> Path:
+    """A stand-in for the user's upstream checkout: a newer release's tree."""
+    newer = _pin_newer(project, "9.9.10", core)
+    from forktools import pins
+
+    checkout = tmp_path / "vllm-main"
+    pristine = materialize.pristine(pins.load().get(newer))
+    _git(pristine, "clone", "-q", ".", str(checkout))
+    # What an installed checkout's build leaves beside its sources.
+    (checkout / "vllm/_version.py").write_text("__version__ = '9.9.10'\n")
+    return checkout
+
+
+def _onto(project, checkout: Path, *python: str) -> int:
+    return cli.main(
+        ["pr", "--base", project.base.name, "--patch", "1", "--onto", str(checkout)]
+        + [*(["--python", *python] if python else [])]
+    )
+
+
+def test_pr_onto_applies_on_a_branch_runs_the_tests_there_and_says_so(
+    project, identity, monkeypatch, tmp_path, capsys
+):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+    name = _queue_of_one(project, LAYER_3_TEST)
+    checkout = _upstream_checkout(project, tmp_path, "# moved\n\n" + CORE)
+    head = _git(checkout, "rev-parse", "HEAD").strip()
+
+    assert _onto(project, checkout, sys.executable) == 0
+
+    stem = name.removesuffix(".patch")
+    branch = f"vllm-fork/{stem.split('-', 1)[1]}"
+    assert _git(checkout, "branch", "--show-current").strip() == branch
+    assert _git(checkout, "rev-parse", f"{branch}~1").strip() == head
+    assert "return 33" in (checkout / "vllm/core.py").read_text()
+    assert _git(checkout, "status", "--porcelain", "--untracked-files=no") == ""
+    text = (project.root / "pr" / project.base.name / stem / "PR.md").read_text()
+    subject = _git(checkout, "log", "-1", "--format=%s", head).strip()
+    assert f"Rebased onto upstream commit `{head[:12]} {subject}` (branch `{branch}`" in text
+    assert "1 blob(s) of the release brought in" in text
+    assert "- its tests there: 1/1 passed" in text
+    assert "checks of that commit (none: the checkout has no .pre-commit-config" in text
+    out = capsys.readouterr().out
+    assert f"{checkout}: branch {branch}, onto {head[:12]}" in out
+
+
+def test_pr_onto_without_python_says_the_tests_did_not_run(
+    project, identity, monkeypatch, tmp_path
+):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+    name = _queue_of_one(project, LAYER_3_TEST)
+    checkout = _upstream_checkout(project, tmp_path, CORE)
+    assert _onto(project, checkout) == 0
+    stem = name.removesuffix(".patch")
+    text = (project.root / "pr" / project.base.name / stem / "PR.md").read_text()
+    assert "- its tests: not run on that commit" in text
+    assert "blob(s)" not in text  # the release's own blob was there
+
+
+def test_pr_onto_a_competing_change_stops_naming_file_lines_and_commands(
+    project, identity, monkeypatch, tmp_path
+):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+    _queue_of_one(project)
+    checkout = _upstream_checkout(project, tmp_path, CORE.replace("return 3\n", "return 30\n"))
+    before = _git(checkout, "for-each-ref").strip()
+    mine = _git(checkout, "branch", "--show-current").strip()
+
+    with pytest.raises(ForkError) as stopped:
+        pr.prepare(project.base, 1, checkout)
+
+    said = str(stopped.value)
+    assert "does not apply onto" in said and "three-way" in said
+    assert "  vllm/core.py: conflict at lines 14-18 (the patch's @@ -" in said
+    assert "git add vllm/core.py && git am --continue" in said
+    assert f"To give up: git am --abort && git switch {mine} && git branch -D " in said
+    refs = _git(checkout, "for-each-ref").strip()
+    assert refs.replace(before, "").count("refs/heads/vllm-fork/") == 1  # the new one
+    _git(checkout, "am", "--abort")
+    _git(checkout, "switch", "-q", mine)
+    assert _git(checkout, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_pr_onto_refuses_a_checkout_with_changes_and_touches_nothing(
+    project, identity, monkeypatch, tmp_path
+):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+    _queue_of_one(project)
+    checkout = _upstream_checkout(project, tmp_path, CORE)
+    (checkout / "vllm/core.py").write_text("mine\n")
+    with pytest.raises(ForkError, match=r"has uncommitted changes \(vllm/core.py\)"):
+        pr.prepare(project.base, 1, checkout)
+    assert (checkout / "vllm/core.py").read_text() == "mine\n"
+    assert _git(checkout, "branch", "--show-current").strip() == "fork"
+    with pytest.raises(ForkError, match="not a git checkout"):
+        pr.prepare(project.base, 1, tmp_path / "nowhere")
+
+
+def test_pr_onto_reports_what_the_checkouts_own_checks_find(
+    project, identity, monkeypatch, tmp_path, capsys
+):
+    from forktools import precommit
+
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+    seen = []
+
+    def checks(scratch, before, after, files, work):
+        seen.append((before, after, files))
+        hooks = precommit.Hooks(None, "typos==1", (), (), (), "", None)
+        return hooks, ["typos: vllm/core.py:7: `teh` should be the"]
+
+    monkeypatch.setattr(precommit, "commit_problems", checks)
+    name = _queue_of_one(project)
+    checkout = _upstream_checkout(project, tmp_path, CORE)
+    (checkout / ".pre-commit-config.yaml").write_text("repos: []\n")
+    _git(checkout, "add", ".pre-commit-config.yaml")
+    _git(checkout, "-c", "user.name=U", "-c", "user.email=u@u.dev", "commit", "-qm", "c")
+
+    assert _onto(project, checkout) == 1
+
+    [(before, after, files)] = seen
+    assert files == ["vllm/core.py"]
+    assert _git(checkout, "rev-parse", "HEAD~1").strip() == before
+    stem = name.removesuffix(".patch")
+    text = (project.root / "pr" / project.base.name / stem / "PR.md").read_text()
+    assert "checks of that commit (typos) on the changed files: 1 new problem(s):" in text
+    assert "  - typos: vllm/core.py:7: `teh` should be the" in text
+    assert "upstream checks (typos): 1 new problem(s)" in capsys.readouterr().out
+
+
+def test_pr_refuses_a_fork_only_patch_before_asking_who_you_are(project, identity):
+    materialize.ensure(project.base)
+    message = MESSAGE.replace("Pending [issue 1]", "Inappropriate [fork-only]")
+    project.commit("tests/test_core.py", "def test_core():\n    pass\n", message)
+    export.export(project.base)
+    with pytest.raises(ForkError, match="is not for upstream"):
+        pr.prepare(project.base, 1)

@@ -221,6 +221,38 @@ def test_check_flags_patch_that_needs_another(project):
     assert names[1] in problem and "alone" in problem
 
 
+def test_fixes_are_the_patches_that_change_vllm(project):
+    materialize.ensure(project.base)
+    project.commit("tests/test_core.py", "def test_layer():\n    assert 1\n", "[Test] A")
+    _fix(project)
+    names = export.export(project.base)
+    assert [entry.name for entry in queue.fixes(project.base)] == [names[1]]
+
+
+def test_check_flags_a_fix_that_needs_a_test_patch_before_it(project):
+    materialize.ensure(project.base)
+    core = project.tree / "vllm/core.py"
+    test = "def test_layer():\n    pass\n"
+
+    def fix(old: str, new: str, assertion: str, message: str) -> None:
+        core.write_text(core.read_text().replace(old, new))
+        git(project.tree, "add", "vllm/core.py")
+        project.commit("tests/test_core.py", test.replace("pass", assertion), message)
+
+    fix("return 3\n", "return 33\n", "assert 1", "A")
+    project.commit("tests/test_core.py", test, "[Test] Undo A's test")
+    fix("return 4\n", "return 44\n", "assert 2", "B")
+    names = export.export(project.base)
+    problems = check.problems(project.base)
+    # B applies alone; the test patch between the fixes does not, as said too.
+    assert [p for p in problems if names[2] in p] == [
+        f"patches/{BASE}/{names[2]}: does not apply on pristine {VERSION} after "
+        "the fixes before it (make fixes), without the test patches: error: patch "
+        "failed: tests/test_core.py:1\nerror: tests/test_core.py: patch does not "
+        "apply"
+    ]
+
+
 def test_repin_rebuilds_the_tree_and_changes_the_version(project):
     materialize.ensure(project.base)
     before = materialize.version(project.base)

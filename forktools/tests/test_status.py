@@ -2,7 +2,7 @@
 
 import shutil
 
-from forktools import materialize, pins, queue, status
+from forktools import cli, export, materialize, pins, queue, status
 
 from .conftest import BASE
 from .test_rebase import NEW, _queue, rebase_onto_release_with_fix_1
@@ -25,7 +25,53 @@ def test_status_reads_trailers_and_checks_newer_releases(project):
     assert first[5] == "-"
     assert second[0] == BASE
     assert second[5] == f"v{NEW}: in (reverse-applies)"
-    assert newer_row[5] == f"v{NEW}: needed"
+    assert newer_row[5] == f"v{NEW}: carried"
+
+
+def _fork_only(subject: str) -> str:
+    return (
+        f"{subject}\n\nWhy.\n\nUpstream-Status: Inappropriate [fork-only]\n"
+        "Signed-off-by: A <a@example.com>"
+    )
+
+
+def test_a_newer_queue_leaves_a_fork_only_test_out_but_never_a_fix(project):
+    rebase_onto_release_with_fix_1(project)
+    test = "def test_fork():\n    pass\n"
+    project.commit("tests/test_fork.py", test, _fork_only("[Test] Fork-only: engine"))
+    core = (project.tree / "vllm/core.py").read_text()
+    project.commit("vllm/core.py", core.replace("return 5\n", "return 55\n"), "[Bugfix] Late")
+    export.export(project.base)
+    pinned = pins.load()
+    cells = [row[5] for row in status.rows([project.base], pinned, fetch=True)[1:]]
+    assert cells[2:] == [f"v{NEW}: not carried", f"v{NEW}: {status.NEEDED}"]
+
+
+def test_one_base_fits_80_columns(project, capsys):
+    rebase_onto_release_with_fix_1(project)
+    long = "[Bugfix][Core] " + "a very long subject " * 8
+    core = (project.tree / "vllm/core.py").read_text()
+    project.commit("vllm/core.py", core.replace("return 5\n", "return 55\n"), long)
+    export.export(project.base)
+    text = status.narrow(project.base, pins.load(), fetch=True, width=80)
+    lines = text.splitlines()
+    assert lines[0] == f"{BASE} (the default): 3 patches, 3 fixes (make fixes BASE={BASE}), 0 tests"
+    assert lines[1].split() == ["#", "kind:", "upstream", f"v{NEW}", "subject"]
+    assert lines[2].split()[:4] == ["1", "fix:", "Pending", "in"]
+    assert lines[4].split()[3:6] == ["NEEDED", "a", "very"]
+    assert lines[4].endswith("…")
+    assert max(map(len, lines)) == 80
+
+    assert cli.main(["status"]) == 0  # the default base alone
+    said = capsys.readouterr().out
+    assert said.startswith(f"{BASE} (the default): 3 patches") and f"\nv{NEW}" not in said
+
+
+def test_wide_shows_every_base(project, capsys):
+    rebase_onto_release_with_fix_1(project)
+    assert cli.main(["status", "--wide"]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith("base ") and f"\n{BASE} " in table and f"\nv{NEW} " in table
 
 
 def test_missing_trailer_shows_in_status(project):
