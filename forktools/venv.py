@@ -38,6 +38,8 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,11 +60,40 @@ def _key(base: Base, wheel: Path) -> str:
     )
 
 
+# What an environment takes on disk, as measured here (x86_64, 2026-12):
+# v0.19.1's test 11 GB, engine 8.2 GB; v0.33.0's kernels-only engine layer
+# 0.5 GB. Only the plan of a run that must build one uses them.
+TYPICAL_GB = {"test": 10.0, "engine": 8.2, "engine layer": 0.5}
+
+
+def cache_root() -> Path:
+    return download.cache_dir() / "venvs"
+
+
+def test_path(base: Base) -> Path:
+    """Where the base's test environment is (or will be), downloading nothing."""
+    wheel = Path(base.wheel_for_this_machine().file)
+    return cache_root() / f"{base.name}-{_key(base, wheel)}"
+
+
+def missing(base: Base) -> list[str]:
+    """The base's environments not built yet: "test", "engine" (one of its
+    own) or "engine layer" (kernels only, over the test environment). An
+    engine counts as built when one of this base is complete."""
+    found = [] if (test_path(base) / COMPLETE_MARKER).exists() else ["test"]
+    if base.engine and base.engine_wheel_for_this_machine() is not None:
+        role = "engine layer" if base.engine.kernels_only else "engine"
+        engines = cache_root().glob(f"{base.name}-engine-*/{COMPLETE_MARKER}")
+        if "test" in found and role == "engine layer" or not any(engines):
+            found.append(role)
+    return found
+
+
 def ensure(base: Base) -> Path:
     """The base's virtual environment, built if missing, and marked in use
     until this run exits. Returns its python."""
     wheel = download.fetch(base.wheel_for_this_machine())
-    path = download.cache_dir() / "venvs" / f"{base.name}-{_key(base, wheel)}"
+    path = test_path(base)
     if path not in _in_use:
 
         def build() -> None:
@@ -200,18 +231,70 @@ def _fill(
     print(f"vllm-fork: building the {what} in {path}", file=sys.stderr, flush=True)
     make_venv(path, python)
     commands = commands_for(path / "bin" / "python")
+    log = download.cache_dir() / "logs" / f"{path.name}.install.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.unlink(missing_ok=True)
     for install in commands:
-        done = subprocess.run(install, stderr=subprocess.PIPE, text=True)
-        sys.stderr.write(done.stderr or "")
-        if done.returncode != 0:
+        returncode, output = _install(install, what, log)
+        if returncode != 0:
             shutil.rmtree(path, ignore_errors=True)
-            said = explain(done.stderr or "")
+            said = explain(output)
+            if said:
+                raise ForkError(
+                    f"installing the {what} failed: {said}; nothing was kept "
+                    f"(pip's log: {log})"
+                )
+            tail = "".join(output.splitlines(keepends=True)[-25:]).rstrip()
             raise ForkError(
-                f"installing the {what} failed: "
-                f"{said or 'pip output above'}; nothing was kept. Fix the cause "
-                "and run the command again."
+                f"installing the {what} failed; nothing was kept. pip's last "
+                f"lines (the whole log: {log}):\n{tail}\nFix the cause and run "
+                "the command again."
             )
+    log.unlink(missing_ok=True)
     (path / COMPLETE_MARKER).write_text("".join(" ".join(c) + "\n" for c in commands))
+
+
+PROGRESS_SECONDS = 20.0
+
+
+def _install(command: list[str], what: str, log: Path) -> tuple[int, str]:
+    """Run one pip command, its whole output into ``log``; on stderr a line
+    of progress every ``PROGRESS_SECONDS`` (how many distributions pip has
+    collected, of how many a lock lists) instead of pip's log."""
+    total = _locked_count(command)
+    started = time.monotonic()
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(PROGRESS_SECONDS):
+            text = log.read_text(errors="replace") if log.exists() else ""
+            collected = len(re.findall(r"^(?:Collecting|Processing) ", text, re.M))
+            doing = "installing" if "\nInstalling collected" in text else "collected"
+            print(
+                f"vllm-fork: {what}: {doing} {collected}"
+                f"{f'/{total}' if total else ''} distributions, "
+                f"{time.monotonic() - started:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    reporter = threading.Thread(target=report, daemon=True)
+    reporter.start()
+    try:
+        with open(log, "a") as kept:
+            result = subprocess.run(command, stdout=kept, stderr=subprocess.STDOUT)
+    finally:
+        done.set()
+        reporter.join()
+    return result.returncode, log.read_text(errors="replace") if log.exists() else ""
+
+
+def _locked_count(command: list[str]) -> int:
+    """How many distributions the lock a ``pip install -r`` reads lists."""
+    if "-r" not in command:
+        return 0
+    lock = Path(command[command.index("-r") + 1])
+    return sum(1 for line in lock.read_text().splitlines() if line[:1].isalnum())
 
 
 def make_venv(path: Path, python: str = sys.executable) -> None:
@@ -353,7 +436,7 @@ def _ensure_engine_env(
     base: Base, key: str, python: Interpreter, kind: str, commands_for: Callable
 ) -> Path:
     prefix = f"{base.name}-engine-"
-    path = download.cache_dir() / "venvs" / (prefix + key)
+    path = cache_root() / (prefix + key)
     if path not in _in_use:
 
         def build() -> None:

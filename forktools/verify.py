@@ -84,13 +84,14 @@ class Planned:
 class BaseRun:
     base: Base
     tree: Path
-    python: Path
-    engine: Path | None
     tree_with_fix: str
     environments: dict[str, list[str]]
     ledger: Ledger
     declared: symptoms.Declared  # patches/<base>/symptoms.toml
     planned: list[Planned | ForkError] = field(default_factory=list)
+    # The test and engine Pythons, built once the plan is printed (equip).
+    python: Path = Path()
+    engine: Path | None = None
 
     @property
     def with_fix_seconds(self) -> float:
@@ -113,16 +114,13 @@ class Job:
 
 
 def prepare(base: Base, fresh: bool) -> BaseRun:
-    """The base's tree, environments and ledger, and what each row needs."""
+    """The base's tree and ledger, and what each row needs; its
+    environments are read from their locks, not built (``equip``)."""
     tree = materialize.ensure(base)
-    python = venv.ensure(base)
-    engine = venv.ensure_engine(base)
     environments = venv.environments(base)
     run = BaseRun(
         base,
         tree,
-        python,
-        engine,
         prove.tree_with_fix(tree),
         environments,
         ledger.load(base),
@@ -139,6 +137,56 @@ def prepare(base: Base, fresh: bool) -> BaseRun:
             Planned(subject, inputs, recorded, _why(inputs, recorded, fresh))
         )
     return run
+
+
+def equip(run: BaseRun) -> BaseRun:
+    """Build (or find) the base's test and engine environments."""
+    run.python = venv.ensure(run.base)
+    run.engine = venv.ensure_engine(run.base)
+    return run
+
+
+def plan(runs: list[BaseRun], workers: int) -> list[str]:
+    """What this run will do, before it builds an environment or runs a test:
+    per base the rows to prove and reused, the test-seconds the ledger
+    expects, and the environments still to build with the disk they take."""
+    lines, total = [], 0.0
+    for run in runs:
+        rows = run.rows()
+        proving = [p for p in rows if p.why]
+        audited = [p for p in rows if p.audited]
+        seconds = sum(_estimate(p) * (1 + p.proves) for p in rows if p.subject.tests)
+        total += seconds
+        said = f", {len(audited)} of them audited" if audited else ""
+        lines.append(
+            f"  {run.base.name}: {len(rows)} rows: {len(proving)} to prove, "
+            f"{len(rows) - len(proving)} reused{said}; about {seconds / 60:.0f} "
+            "min of test runs"
+        )
+    lines.append(
+        f"  about {total / 60 / workers:.0f} min on {workers} CPU(s), from the "
+        "seconds each row's last proof took (a row without one: "
+        f"{UNKNOWN_SECONDS / 60:.0f} min)"
+    )
+    missing = [(run.base, role) for run in runs for role in venv.missing(run.base)]
+    if missing:
+        needed = sum(venv.TYPICAL_GB[role] for _, role in missing)
+        names = ", ".join(f"{base.name} {role}" for base, role in missing)
+        lines.append(
+            f"  environments to build first: {names}; about {needed:.0f} GB in "
+            f"{venv.cache_root()} (free: {_free_gb(venv.cache_root()):.0f} GB)"
+        )
+    else:
+        lines.append("  every environment is built already")
+    return ["verify: plan", *lines]
+
+
+def _free_gb(path: Path) -> float:
+    import shutil
+
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free / 2**30
 
 
 def _why(inputs: ledger.Inputs, recorded: Proof | None, fresh: bool) -> str:
@@ -464,6 +512,9 @@ def main(
             file=sys.stderr,
         )
     workers = jobs or default_jobs()
+    print("\n".join(plan(runs, workers)), file=sys.stderr, flush=True)
+    for run in runs:
+        equip(run)
     started = time.monotonic()
     execute(jobs_for(runs), workers)
     wall = time.monotonic() - started

@@ -121,3 +121,21 @@ def test_stale_environment_in_use_is_kept(project, builds, capsys):
     assert f"keeping stale environment {in_use}: a run is using it" in (
         capsys.readouterr().err
     )
+
+
+def test_a_long_install_shows_progress_not_pips_log(tmp_path, monkeypatch, capfd):
+    monkeypatch.setattr(venv, "PROGRESS_SECONDS", 0.2)
+    lock = tmp_path / "lock.txt"
+    lock.write_text("# a lock\na==1 \\\n    --hash=sha256:00\nb==2 \\\n    --hash=sha256:00\n")
+    pip = (
+        "import time\nfor name in 'ab':\n    print('Collecting', name, flush=True)\n"
+        "    time.sleep(0.5)\nprint('Installing collected packages: a, b', flush=True)\n"
+    )
+    log = tmp_path / "install.log"
+    command = [sys.executable, "-c", pip, "-r", str(lock)]
+    returncode, output = venv._install(command, "v9 test environment", log)
+    assert returncode == 0 and output.startswith("Collecting a\n")
+    said = capfd.readouterr()
+    assert "Collecting" not in said.out + said.err
+    assert "vllm-fork: v9 test environment: collected 1/2 distributions, " in said.err
+    assert log.read_text() == output

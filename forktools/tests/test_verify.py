@@ -279,6 +279,33 @@ def test_a_first_verify_proves_every_row_and_a_second_reuses_them(
     assert ledger.stale(project.base) == []
 
 
+def test_verify_prints_its_plan_before_it_builds_an_environment(
+    project, queue, monkeypatch, capsys
+):
+    said_before_build = []
+
+    def ensure(base):
+        said_before_build.append(capsys.readouterr().err)
+        return Path(sys.executable)
+
+    monkeypatch.setattr(venv, "ensure", ensure)
+    monkeypatch.setattr(venv, "missing", lambda base: ["test"])
+    data = json.loads(ledger.path(project.base).read_text())
+    data["rows"] = data["rows"][1:]  # the first row is proved again
+    ledger.path(project.base).write_text(json.dumps(data))
+    capsys.readouterr()
+    verify.main([project.base], 2, audit=1, seed=0)
+    [err] = said_before_build
+    plan = err[err.index("verify: plan\n") :].splitlines()
+    assert re.fullmatch(
+        r"  v9\.9\.9: 3 rows: 1 to prove, 2 reused, 1 of them audited; about \d+ "
+        r"min of test runs",
+        plan[1],
+    ), plan
+    assert plan[2].startswith("  about ") and "min on 2 CPU(s)" in plan[2]
+    assert plan[3].startswith("  environments to build first: v9.9.9 test; about 10 GB")
+
+
 def test_each_changed_input_invalidates_exactly_its_rows(
     project, queue, monkeypatch, tmp_path
 ):
