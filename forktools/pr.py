@@ -257,7 +257,10 @@ def _onto(onto: Onto) -> str:
             "where that checkout is installed was given: `make pr ... PYTHON=`)"
         )
     else:
-        lines.append(f"- its tests there: {_summary(onto.tests, 'passed')}")
+        lines.append(
+            "- its tests there, on CPU (`VLLM_TARGET_DEVICE=cpu`): "
+            f"{_summary(onto.tests, 'passed')}"
+        )
         lines += [f"  {line}" for line in _failures(onto.tests)]
     checks = (
         f"upstream's pre-commit checks of that commit ({onto.hooks}) on the "
@@ -346,8 +349,11 @@ def prepare(
     written = git.out(tree, *queue.FORMAT_PATCH, "-o", str(directory), "-1", commit)
     patch = Path(written)
     proof = ledger.current_proof(base, entry.name)
+    # A conflict in the user's checkout stops before minutes of tests.
+    shown = f"patches/{base.name}/{entry.name}"
+    started = apply_onto(tree, patch, onto, shown) if onto else None
     alone = run_alone(base, tree, commit)
-    applied = run_onto(base, tree, commit, patch, onto, python) if onto else None
+    applied = run_onto(tree, commit, started, python) if started else None
     (directory / "PR.md").write_text(_body(base, entry, proof, alone, applied))
     return Submission(
         directory=directory,
@@ -535,14 +541,22 @@ def onto_branch(stem: str) -> str:
     return f"vllm-fork/{stem}"
 
 
-def apply_onto(
-    base: Base, tree: Path, patch: Path, checkout: Path
-) -> tuple[str, str, int]:
-    """``patch`` (from the fork tree ``tree``) on a new branch of
-    ``checkout`` at its HEAD, three-way; the branch, the commit it starts
-    from, and how many of the release's blobs were brought in. Resumes a
-    branch that already holds the patch (a conflict finished by hand)."""
+@dataclass(frozen=True)
+class Started:
+    """Where ``apply_onto`` put the patch."""
+
+    checkout: Path
+    branch: str
+    upstream: str  # "<sha> <subject>" of the commit the branch starts from
+    brought: int  # blobs of the release copied in
+
+
+def apply_onto(tree: Path, patch: Path, checkout: Path, shown: str) -> Started:
+    """``patch`` (from the fork tree ``tree``; ``shown`` names it) on a new
+    branch of ``checkout`` at its HEAD, three-way. Resumes a branch that
+    already holds the patch (a conflict finished by hand)."""
     _require_checkout(checkout)
+    _require_clean(checkout)
     branch = onto_branch(patch.name.split("-", 1)[1].removesuffix(".patch"))
     subject = _user_git(checkout, "log", "-1", "--format=%s", "HEAD").stdout.strip()
     wanted = _mailinfo_subject(tree, patch)
@@ -551,12 +565,11 @@ def apply_onto(
         current = _user_git(checkout, "branch", "--show-current").stdout.strip()
         if top == wanted and current == branch:
             start = _user_git(checkout, "rev-parse", f"{branch}~1").stdout.strip()
-            return branch, _describe(checkout, start), 0
+            return Started(checkout, branch, _describe(checkout, start), 0)
         raise ForkError(
             f"{checkout} already has a branch {branch}; remove it (git branch -D "
             f"{branch}) or switch to it to resume, then run make pr again"
         )
-    _require_clean(checkout)
     start = _user_git(checkout, "rev-parse", "HEAD").stdout.strip()
     described = f"{start[:12]} {subject}"
     brought = _bring_blobs(tree, patch, checkout)
@@ -564,8 +577,8 @@ def apply_onto(
     _user_git(checkout, "switch", "--quiet", "-c", branch, check=True)
     applied = _user_git(checkout, "am", "--3way", "--keep-non-patch", str(patch))
     if applied.returncode != 0:
-        raise ForkError(_conflict(base, patch, checkout, branch, previous, applied))
-    return branch, described, brought
+        raise ForkError(_conflict(shown, patch, checkout, branch, previous, applied))
+    return Started(checkout, branch, described, brought)
 
 
 def _user_git(
@@ -649,7 +662,7 @@ def _bring_blobs(tree: Path, patch: Path, checkout: Path) -> int:
 
 
 def _conflict(
-    base: Base,
+    shown: str,
     patch: Path,
     checkout: Path,
     branch: str,
@@ -668,11 +681,12 @@ def _conflict(
         where = [f"  {applied.stderr.strip() or applied.stdout.strip()}"]
     return "\n".join(
         [
-            f"patches/{base.name}/{patch.name} does not apply onto "
+            f"{shown} does not apply onto "
             f"{_describe(checkout, 'HEAD')} in {checkout} (branch {branch}), "
             "three-way:",
             *where,
-            "Nothing else in the checkout was changed. To finish by hand there:",
+            "Nothing but this patch was changed in the checkout.",
+            "To finish by hand there:",
             "  edit the lines between <<<<<<< and >>>>>>>, then",
             f"  git add {' '.join(files) or '<files>'} && git am --continue",
             "  and run make pr again (it goes on from the branch).",
@@ -701,17 +715,11 @@ def _conflict_lines(path: Path) -> str:
     return f"conflict at lines {', '.join(spans)}" if spans else "conflict"
 
 
-def run_onto(
-    base: Base,
-    tree: Path,
-    commit: str,
-    patch: Path,
-    checkout: Path,
-    python: Path | None,
-) -> Onto:
-    """Apply on the user's checkout, then run the patch's tests there with
-    ``python`` and the checkout's own pre-commit checks on what it changes."""
-    branch, upstream_commit, brought = apply_onto(base, tree, patch, checkout)
+def run_onto(tree: Path, commit: str, started: Started, python: Path | None) -> Onto:
+    """The patch's tests in the user's checkout, where ``apply_onto`` put
+    it, with ``python``, and the checkout's own pre-commit checks on what
+    it changes."""
+    checkout, branch = started.checkout, started.branch
     tests = prove.added_tests(tree, commit)
     outcome = None
     if python is not None and tests:
@@ -726,7 +734,9 @@ def run_onto(
     elif python is not None:
         outcome = Outcome()
     hooks, checks = _checks_onto(checkout, f"{branch}~1", branch)
-    return Onto(checkout, branch, upstream_commit, brought, outcome, checks, hooks)
+    return Onto(
+        checkout, branch, started.upstream, started.brought, outcome, checks, hooks
+    )
 
 
 def _checks_onto(checkout: Path, before: str, after: str) -> tuple[str, list[str]]:

@@ -291,7 +291,7 @@ def test_pr_onto_applies_on_a_branch_runs_the_tests_there_and_says_so(
     subject = _git(checkout, "log", "-1", "--format=%s", head).strip()
     assert f"Rebased onto upstream commit `{head[:12]} {subject}` (branch `{branch}`" in text
     assert "1 blob(s) of the release brought in" in text
-    assert "- its tests there: 1/1 passed" in text
+    assert "- its tests there, on CPU (`VLLM_TARGET_DEVICE=cpu`): 1/1 passed" in text
     assert "checks of that commit (none: the checkout has no .pre-commit-config" in text
     out = capsys.readouterr().out
     assert f"{checkout}: branch {branch}, onto {head[:12]}" in out
@@ -325,7 +325,9 @@ def test_pr_onto_a_competing_change_stops_naming_file_lines_and_commands(
         pr.prepare(project.base, 1, checkout)
 
     said = str(stopped.value)
-    assert "does not apply onto" in said and "three-way" in said
+    name = export.export(project.base)[0]
+    assert said.startswith(f"patches/{project.base.name}/{name} does not apply onto ")
+    assert "three-way" in said
     assert "  vllm/core.py: conflict at lines 14-18 (the patch's @@ -" in said
     assert "git add vllm/core.py && git am --continue" in said
     assert f"To give up: git am --abort && git switch {mine} && git branch -D " in said
@@ -334,6 +336,32 @@ def test_pr_onto_a_competing_change_stops_naming_file_lines_and_commands(
     _git(checkout, "am", "--abort")
     _git(checkout, "switch", "-q", mine)
     assert _git(checkout, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_pr_onto_goes_on_from_a_conflict_finished_by_hand(
+    project, identity, monkeypatch, tmp_path
+):
+    _set(identity, "Ada Lovelace", "ada@lovelace.dev")
+    monkeypatch.setattr(venv, "ensure", lambda base: Path(sys.executable))
+    name = _queue_of_one(project, LAYER_3_TEST)
+    core = CORE.replace("return 3\n", "return 30\n")
+    checkout = _upstream_checkout(project, tmp_path, core)
+    with pytest.raises(ForkError, match="does not apply onto"):
+        pr.prepare(project.base, 1, checkout)
+    with pytest.raises(ForkError, match=r"a git operation is in progress \(rebase-apply\)"):
+        pr.prepare(project.base, 1, checkout)
+
+    (checkout / "vllm/core.py").write_text(CORE.replace("return 3\n", "return 33\n"))
+    _git(checkout, "add", "vllm/core.py")
+    _git(checkout, "-c", "core.editor=true", "am", "--continue")
+    done = pr.prepare(project.base, 1, checkout, Path(sys.executable))
+
+    assert done.onto is not None and done.onto.tests is not None
+    assert done.onto.tests.passed == 1 and done.onto.brought == 0
+    assert done.onto.upstream.endswith("vLLM 9.9.10 (vllm-9.9.10.tar.gz)")
+    stem = name.removesuffix(".patch")
+    text = (project.root / "pr" / project.base.name / stem / "PR.md").read_text()
+    assert "Rebased onto upstream commit" in text
 
 
 def test_pr_onto_refuses_a_checkout_with_changes_and_touches_nothing(
