@@ -46,7 +46,12 @@ forktools = $(PYTHON) -m forktools
 .PHONY: help fork export check fixes status verify read-only lint test test-tooling venv lock engine pr bench rebase wheel
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ \
+		line = sprintf("  make %-13s", $$1); n = split($$2, words, " "); \
+		for (i = 1; i <= n; i++) { \
+			if (length(line) + 1 + length(words[i]) > 80) { print line; line = sprintf("%20s", "") } \
+			line = line " " words[i] } \
+		print line }'
 	@echo "  BASE=<base> limits a target to one base pinned in upstream.toml"
 
 fork: ## materialize vllm/ and tests/ for BASE (default: upstream.toml's)

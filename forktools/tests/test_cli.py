@@ -337,3 +337,11 @@ def test_a_missing_patch_or_to_is_one_line(target, said):
     )
     assert made.returncode == 2
     assert said in made.stderr and "usage:" not in made.stderr
+
+
+def test_make_help_fits_80_columns():
+    made = subprocess.run(["make", "-C", str(ROOT), "-s", "help"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    lines = made.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert any(line.startswith("  make fixes ") for line in lines)
