@@ -322,6 +322,9 @@ def test_every_command_honours_or_refuses_vllm_fork_base(project, monkeypatch, c
 
 def test_a_base_is_named_with_or_without_its_v(project):
     assert pins.load().get(BASE.removeprefix("v")).name == BASE
+    from forktools import rebase
+
+    assert rebase._plain_version("v0.35.0") == rebase._plain_version("0.35.0")
 
 
 @pytest.mark.parametrize(
