@@ -29,7 +29,7 @@ import zipfile
 from pathlib import Path
 
 from forktools import download, git, locks, pins, queue, wheelmeta
-from forktools.pins import Base, ForkError, sha256_of
+from forktools.pins import Artifact, Base, ForkError, sha256_of
 
 SDIST_PARTS = ("vllm/", "tests/", "pyproject.toml")
 LINKED = ("vllm", "tests")
@@ -43,8 +43,10 @@ def tree_dir(base: Base) -> Path:
     return pins.ROOT / ".fork" / "trees" / base.name
 
 
-def version(base: Base) -> str:
-    return f"{base.version}+fork.{queue.queue_id(base)}"
+def version(base: Base, wheel: Artifact | None = None) -> str:
+    """``<release>+fork.<label>``: the label changes with the code that ships
+    with ``wheel`` (default: this machine's), and only then."""
+    return f"{base.version}+fork.{queue.label_id(base, wheel)}"
 
 
 def read_state(tree: Path) -> dict:
@@ -61,7 +63,7 @@ def record(tree: Path, base: Base) -> None:
         "pins": {artifact.file: artifact.sha256 for artifact in base.artifacts},
     }
     (tree / ".git" / STATE).write_text(json.dumps(state, indent=2) + "\n")
-    (tree / VERSION_FILE).write_text(_version_module(version(base)))
+    _write_version(tree, base)
 
 
 def unexported(tree: Path) -> list[str]:
@@ -142,12 +144,22 @@ def ensure(base: Base) -> Path:
     """The base's tree, (re)built when its queue changed. Idempotent."""
     tree = tree_dir(base)
     if is_current(base):
+        _write_version(tree, base)
         return tree
     with tree_lock(base):
         if not is_current(base):
             refuse_if_unexported(tree, f"rebuild the {base.name} tree")
             _build(base)
     return tree
+
+
+def _write_version(tree: Path, base: Base) -> None:
+    """``vllm/_version.py`` as this tooling labels the tree (a tree built
+    by an older one keeps its queue, not its label)."""
+    text = _version_module(version(base), queue.queue_id(base))
+    path = tree / VERSION_FILE
+    if not path.exists() or path.read_text() != text:
+        replace_atomically(path, text.rstrip("\n"))
 
 
 def tree_lock(base: Base):
@@ -346,7 +358,7 @@ def wheel_files(tree: Path) -> list[str]:
     ]
 
 
-def _version_module(text: str) -> str:
+def _version_module(text: str, queue_id: str) -> str:
     public = text.split("+", 1)[0]
     numbers = ", ".join(public.split("."))
     return (
@@ -354,6 +366,9 @@ def _version_module(text: str) -> str:
         f"__version__ = version = {text!r}\n"
         f"__version_tuple__ = version_tuple = ({numbers}, {text.split('+')[1]!r})\n"
         "__commit_id__ = commit_id = None\n"
+        "# The exact queue (patches, messages, pins), for support; the version\n"
+        "# label follows only the code that ships on this platform.\n"
+        f"__fork_queue__ = {queue_id!r}\n"
     )
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forktools import git, upstream
-from forktools.pins import Base, ForkError, sha256_of
+from forktools.pins import Artifact, Base, ForkError, sha256_of
 
 SERIES_HEADER = """\
 # Patch queue for vLLM {base}, applied in order with
@@ -70,6 +70,12 @@ class Entry:
             if created and path.rpartition("/")[2].startswith("test_")
         }
 
+    def shipped_diff(self, base: Base) -> str:
+        """The patch's diff of the files that ship (``vllm/``): not its
+        message, not its tests."""
+        sections = re.split(r"^(?=diff --git )", self.text(base), flags=re.MULTILINE)
+        return "".join(s for s in sections if s.startswith("diff --git a/vllm/"))
+
     def is_fix(self, base: Base) -> bool:
         """Whether the patch changes vLLM itself, not only its tests."""
         return any(path.startswith("vllm/") for path in self.changed_files(base))
@@ -109,10 +115,27 @@ def patches_id(base: Base) -> str:
 
 def queue_id(base: Base) -> str:
     """A short digest of the queue and of the pinned artifacts it applies to:
-    the version label, and what a tree must match to be up to date."""
+    what a tree must match to be up to date, and what support asks for
+    (``vllm._version.__fork_queue__``)."""
     digest = hashlib.sha256(patches_id(base).encode())
     for artifact in base.artifacts:
         digest.update(f"{artifact.file} {artifact.sha256}\n".encode())
+    return digest.hexdigest()[:10]
+
+
+def label_id(base: Base, wheel: Artifact | None = None) -> str:
+    """A short digest of the code that ships on one platform: the pinned
+    sdist and that platform's wheel (default: this machine's), and each
+    patch's diff of ``vllm/``. It is the version label, which vLLM hashes
+    into its compile cache keys, so a queue update that changes only a test,
+    a message or another platform's pin keeps every node's compile cache.
+    ``queue_id`` still names the exact queue."""
+    wheel = wheel or base.wheel_for_this_machine()
+    digest = hashlib.sha256(base.name.encode())
+    for artifact in (base.sdist, wheel):
+        digest.update(f"{artifact.file} {artifact.sha256}\n".encode())
+    for entry in entries(base):
+        digest.update(entry.shipped_diff(base).encode())
     return digest.hexdigest()[:10]
 
 

@@ -196,7 +196,7 @@ def wheel_lines(bases: list[Base], wide: bool = True) -> list[str]:
     for base in bases:
         for built in wheel.manifests(base):
             upstream_wheel = built["upstream_wheel"]
-            stale = built["version"] != materialize.version(base)
+            stale = built["queue"]["id"] != queue.queue_id(base)
             line = f"wheel: dist/{built['wheel']}"
             if wide:
                 line += (

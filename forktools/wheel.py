@@ -63,14 +63,15 @@ def build(base: Base, artifact: Artifact, out: Path) -> Built:
     """Write the fork wheel of ``base`` made from the upstream ``artifact``
     into ``out``, atomically, replacing any earlier build."""
     upstream = fetch(base, artifact)
-    version = materialize.version(base)
+    version = materialize.version(base, artifact)
     changes = queue_changes(base)
     out.mkdir(parents=True, exist_ok=True)
     target = out / fork_wheel_name(artifact.file, version)
     partial = target.with_name(f".{target.name}.partial")
     try:
         with partial.open("wb") as sink:
-            _assemble(upstream, version, changes, _ZipWriter(sink))
+            label = materialize._version_module(version, queue.queue_id(base))
+            _assemble(upstream, version, label, changes, _ZipWriter(sink))
         partial.replace(target)
     finally:
         partial.unlink(missing_ok=True)
@@ -193,12 +194,18 @@ class _Entry:
 
 
 def _assemble(
-    upstream: Path, version: str, changes: dict[str, Change], sink: _ZipWriter
+    upstream: Path,
+    version: str,
+    version_module: str,
+    changes: dict[str, Change],
+    sink: _ZipWriter,
 ) -> None:
     with zipfile.ZipFile(upstream) as source, upstream.open("rb") as raw:
         old = _dist_info(source, upstream)
         new = f"{old.rsplit('-', 1)[0]}-{version}"
-        entries = _entries(source, upstream, old, new, version, changes)
+        entries = _entries(
+            source, upstream, (old, new), version, version_module, changes
+        )
         record = f"{new}.dist-info/RECORD"
         hashes = _upstream_record(source, f"{old}.dist-info/RECORD")
         rows = []
@@ -221,12 +228,14 @@ def _assemble(
 def _entries(
     source: zipfile.ZipFile,
     upstream: Path,
-    old: str,
-    new: str,
+    names: tuple[str, str],
     version: str,
+    version_module: str,
     changes: dict[str, Change],
 ) -> list[_Entry]:
-    """Every entry of the fork wheel but its RECORD."""
+    """Every entry of the fork wheel but its RECORD; ``names`` are the
+    upstream and fork ``<name>-<version>`` of the .dist-info."""
+    old, new = names
     pending, entries = dict(changes), []
     for info in source.infolist():
         name = info.filename
@@ -238,8 +247,7 @@ def _entries(
         elif name.startswith((f"{old}.dist-info/", f"{old}.data/")):
             entries.append(_Entry(f"{new}{name[len(old) :]}", copied=info))
         elif name == materialize.VERSION_FILE:
-            text = materialize._version_module(version)
-            entries.append(_Entry(name, data=text.encode()))
+            entries.append(_Entry(name, data=version_module.encode()))
         elif name in pending:
             change = pending.pop(name)
             if change.data is not None:
@@ -311,7 +319,7 @@ def _manifest(
     return {
         "wheel": wheel.name,
         "sha256": sha256,
-        "version": materialize.version(base),
+        "version": materialize.version(base, artifact),
         "base": base.name,
         "upstream_wheel": {"file": artifact.file, "sha256": artifact.sha256},
         "queue": {

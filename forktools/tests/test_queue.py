@@ -1,8 +1,9 @@
 import json
+from dataclasses import replace
 
 import pytest
 
-from forktools import check, export, materialize, queue
+from forktools import check, export, materialize, pins, queue
 from forktools.pins import ForkError
 
 from .conftest import BASE, VERSION, WHEEL_FILES, _wheel, git
@@ -77,6 +78,47 @@ def test_version_follows_the_queue(project):
     after = materialize.version(project.base)
     assert before != after
     assert repr(after) in (project.tree / "vllm/_version.py").read_text()
+
+
+def test_the_version_label_follows_only_the_code_that_ships(project):
+    """vLLM hashes its version into every compile cache key: a queue update
+    that ships the same code on this platform must keep the label."""
+    materialize.ensure(project.base)
+    _fix(project)
+    export.export(project.base)
+    seen = (materialize.version(project.base), queue.queue_id(project.base))
+
+    def after(change) -> tuple[str, str]:
+        change()
+        export.export(project.base)
+        now = materialize.version(project.base), queue.queue_id(project.base)
+        assert now[1] != seen[1]  # the exact queue is still told apart
+        return now
+
+    reworded = f"{FIX}\n\nWhy, in more words.\n\nUpstream-Status: Pending [issue 9]"
+    assert after(lambda: git(project.tree, "commit", "-q", "--amend", "-m", reworded))[
+        0
+    ] == seen[0]
+    test = "def test_layer():\n    assert 1\n"
+    assert after(lambda: project.commit("tests/test_core.py", test, "[Test] One"))[
+        0
+    ] == seen[0]
+    other = pins.Artifact("vllm-9.9.9-py3-none-manylinux_2_17_other.whl", "0" * 64)
+    moved = pins.Artifact(other.file, "1" * 64)
+    here = project.base.wheel_for_this_machine()
+    assert queue.label_id(replace(project.base, wheels=(here, other))) == queue.label_id(
+        replace(project.base, wheels=(here, moved))
+    )
+    assert queue.label_id(project.base, other) != queue.label_id(project.base, moved)
+
+    core = (project.tree / "vllm/core.py").read_text()
+    label, queue_id = after(
+        lambda: project.commit("vllm/core.py", core.replace("return 4\n", "return 44\n"), "B")
+    )
+    assert label != seen[0]
+    written = (materialize.ensure(project.base) / "vllm/_version.py").read_text()
+    assert f"__version__ = version = {label!r}" in written
+    assert f"__fork_queue__ = {queue_id!r}" in written
 
 
 def test_unexported_edits_refuse_rebuild_and_lose_nothing(project):

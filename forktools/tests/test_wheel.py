@@ -149,6 +149,12 @@ def test_two_builds_are_byte_identical(fleet, tmp_path):
     assert first.sha256 == second.sha256 == sha256(second.path)
 
 
+def _version_for(base, arch: str) -> str:
+    """The version label of the fork wheel made from ``arch``'s wheel."""
+    [artifact] = [w for w in base.wheels if w.file.endswith(f"_{arch}.whl")]
+    return materialize.version(base, artifact)
+
+
 def test_manifest_and_status_name_the_inputs_and_the_wheel(fleet, capsys):
     assert cli.main(["wheel", "--all-platforms", "--no-lock"]) == 0
     dist = fleet.root / "dist"
@@ -156,9 +162,11 @@ def test_manifest_and_status_name_the_inputs_and_the_wheel(fleet, capsys):
 
     built = sorted(path.name for path in dist.glob("*.whl"))
     assert built == sorted(
-        f"vllm-{version}-py3-none-manylinux_2_17_{arch}.whl"
+        f"vllm-{_version_for(fleet.base, arch)}-py3-none-manylinux_2_17_{arch}.whl"
         for arch in ("aarch64", "x86_64")
     )
+    # Each platform's label follows its own compiled code.
+    assert _version_for(fleet.base, "aarch64") != _version_for(fleet.base, "x86_64")
     [x86, aarch] = [
         m for arch in ("x86_64", "aarch64")
         for m in wheel.manifests(fleet.base) if arch in m["wheel"]
@@ -194,7 +202,6 @@ def test_a_requirement_the_index_lacks_is_one_line_and_the_wheel_is_kept(
     fleet, capsys
 ):
     assert cli.main(["wheel", "--all-platforms"]) == 1
-    version = materialize.version(fleet.base)
     why = {
         arch: "the package index serves no numpy"
         if arch == platform.machine()
@@ -204,7 +211,8 @@ def test_a_requirement_the_index_lacks_is_one_line_and_the_wheel_is_kept(
     }
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if "no lock for" in line] == [
-        f"vllm-fork: no lock for {wheel.fork_wheel_name(wheel_name(arch), version)}: "
+        "vllm-fork: no lock for "
+        f"{wheel.fork_wheel_name(wheel_name(arch), _version_for(fleet.base, arch))}: "
         + why[arch]
         for arch in ("x86_64", "aarch64")
     ]
