@@ -3,7 +3,7 @@ PYTHON ?= python3
 BASE ?=
 # A variable the targets do not read (a typo, `base=` for `BASE=`) would be
 # ignored silently: name it instead.
-known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH WIDE FIGURES FROM NO_LOCK ONTO
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH WIDE FIGURES CELLS FROM NO_LOCK ONTO
 given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 # Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
 passed_vars := MAKEFLAGS VLLM_% PIP_% UV_%
@@ -30,7 +30,7 @@ reads_test-tooling :=
 reads_test := BASE JOBS FRESH AUDIT AUDIT_SEED
 reads_pr := BASE PATCH ONTO
 reads_rebase := TO PROBE PORTED
-reads_bench := BASE FIGURES
+reads_bench := BASE FIGURES CELLS
 goals := $(or $(MAKECMDGOALS),help)
 unread_vars := $(filter-out PYTHON $(foreach g,$(goals),$(reads_$(g))) $(passed_vars),$(given_vars))
 ifneq ($(unread_vars),)
@@ -105,5 +105,5 @@ rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs 
 	$(if $(TO),,$(error make rebase needs TO=<release>: the upstream release to move to (TO=0.35.0)))
 	$(forktools) rebase --to $(TO) $(if $(call on,$(PROBE)),--probe-tests) $(if $(call on,$(PORTED)),--ported)
 
-bench: ## fork vs pristine costs, written to BENCHMARKS.md (FIGURES=fleet,...: only those; VLLM_FORK_BENCH_INSTALL=0: quick)
-	$(forktools) bench $(base_arg) $(if $(FIGURES),--figures $(FIGURES))
+bench: ## fork vs pristine costs, written to BENCHMARKS.md (FIGURES=fleet,...: only those; FIGURES=keys CELLS=seed,...: those cells; VLLM_FORK_BENCH_INSTALL=0: quick)
+	$(if $(CELLS),VLLM_FORK_BENCH_CELLS='$(CELLS)') $(forktools) bench $(base_arg) $(if $(FIGURES),--figures $(FIGURES))

@@ -39,6 +39,7 @@ from forktools.table import render
 BENCH_FILE = ROOT / "BENCHMARKS.md"
 BENCHMARKS = ROOT / "forktools" / "benchmarks"
 FAULT_MATRIX = BENCHMARKS / "fault_matrix.md"
+KEYS_MATRIX = BENCHMARKS / "keys_matrix.md"
 INSTALL_ENV = "VLLM_FORK_BENCH_INSTALL"
 LORA_BASE = "v0.19.1"
 LORA_ROUNDS = 4
@@ -583,6 +584,87 @@ def server_startup(bases: list[Base]) -> list[Row]:
     return rows
 
 
+def keys(bases: list[Base]) -> list[Row]:
+    """Whether the compile cache key separates exactly what compiles
+    differently, in the real CPU engine. Each cell is a pair of
+    ``LLM(...)`` starts (the tiny Llama, LoRA on, ``VLLM_USE_AOT_COMPILE=1``,
+    the base's default artifact format) on one cache root: A cold, then B,
+    changed as the cell says (``forktools/bench_keys.py`` lists them: a
+    restart, the root copied elsewhere, another working directory, another
+    seed, a fork update that rewords only a test patch, should load; LoRA
+    off, a changed Inductor setting, another dtype, should compile). For B:
+    whether it got A's ``torch_aot_compile/<hash>`` directory, loaded,
+    compiled, and decoded the tokens of the same start on an empty root. On
+    the fork tree and on pristine with only the CPU warm-load patch (pristine
+    on CPU never loads a warm artifact; its hash directories do not depend
+    on that). The matrix is below; ``CELLS=`` runs only the cells named.
+    Holds when the fork has no false hit and no false miss that pristine
+    lacks.
+    """
+    from forktools import bench_keys
+
+    goal = "fork: 0 false hits, no false miss pristine lacks"
+    rows, sections = [], {}
+    for base in bases:
+        measured = bench_keys.measure(base, _progress)
+        if measured is None:
+            rows.append(
+                _skipped(
+                    bench_keys.NUMBER,
+                    bench_keys.FIGURE,
+                    base.name,
+                    goal,
+                    "no engine pinned",
+                )
+            )
+            continue
+        outcomes, counts = measured
+        sections[base.name] = bench_keys.matrix(base, outcomes)
+        extra = bench_keys.fork_only_misses(outcomes)
+        holds = counts["fork false hits"] == 0 and not extra
+        text = "; ".join(
+            f"{tree}: {counts[f'{tree} false hits']} false hits, "
+            f"{counts[f'{tree} false misses']} false misses "
+            f"of {counts[f'{tree} cells']} cells"
+            for tree in ("fork", "pristine+warm load")
+        )
+        if extra:
+            text += f"; the fork alone misses: {', '.join(extra)}"
+        rows.append(
+            Row(
+                bench_keys.NUMBER,
+                bench_keys.FIGURE,
+                base.name,
+                text,
+                goal,
+                _verdict(holds),
+            )
+        )
+    _write_keys_matrix(sections)
+    return rows
+
+
+def _write_keys_matrix(sections: dict[str, str]) -> None:
+    """Replace the measured bases' sections of the keys matrix, keep the rest."""
+    kept = {}
+    if KEYS_MATRIX.exists():
+        for part in KEYS_MATRIX.read_text().split("\n### ")[1:]:
+            name = part.split("\n", 1)[0].strip()
+            kept[name] = "### " + part.rstrip("\n") + "\n"
+    kept.update(sections)
+    if not kept:
+        return
+    intro = (
+        "## Compile cache keys\n\nWritten by `make bench FIGURES=keys` (row 10): "
+        'each cell is A cold, then B on A\'s cache root. "same hash dir": B '
+        "made no `torch_aot_compile/<hash>` beside A's; \"B's tokens\": against "
+        "the same start on an empty root. The pristine column runs the release "
+        "with only the CPU warm-load patch.\n"
+    )
+    body = "\n".join(kept[name] for name in sorted(kept, reverse=True))
+    KEYS_MATRIX.write_text(f"{intro}\n{body}")
+
+
 def fleet_phase(python: Path, tree: Path, work: Path, phase: str) -> list[dict]:
     """``FLEET_REPLICAS`` replicas of ``fleet_replica.py`` at once on one cache
     root, each PID 1 of its own PID namespace; a crashed one is ``{"error"}``."""
@@ -825,6 +907,7 @@ FIGURES: list[Callable[[list[Base]], list[Row]]] = [
     fleet,
     engine_ranks,
     server_startup,
+    keys,
 ]
 
 
@@ -882,10 +965,10 @@ def earlier_rows(text: str) -> list[Row]:
 
 def _fault_matrix() -> str:
     """The compile cache fault table, which the queues' tests measure (each
-    case a fresh process) rather than this command; kept beside the figures."""
-    if not FAULT_MATRIX.exists():
-        return ""
-    return "\n" + FAULT_MATRIX.read_text()
+    case a fresh process) rather than this command; kept beside the figures.
+    Then the keys matrix, which ``keys`` writes."""
+    tables = [path for path in (FAULT_MATRIX, KEYS_MATRIX) if path.exists()]
+    return "".join("\n" + path.read_text() for path in tables)
 
 
 def main(bases: list[Base], names: list[str] | None = None) -> int:

@@ -75,12 +75,18 @@ def make_model(python: Path, directory: Path) -> dict:
 
 
 def run_engine(
-    python: Path, model: Path, env: dict[str, str], log: Path, **engine_args: int
+    python: Path,
+    model: Path,
+    env: dict[str, str],
+    log: Path,
+    cwd: Path | None = None,
+    **engine_args: int | str,
 ) -> Run:
     out = log.with_suffix(".json")
     settings = [f"{name}={value}" for name, value in engine_args.items()]
     started = time.monotonic()
-    _run([*_script(python), "generate", str(model), str(out), *settings], env, log)
+    command = [*_script(python), "generate", str(model), str(out), *settings]
+    _run(command, env, log, cwd)
     seconds = time.monotonic() - started
     events = log_events(log.read_text(errors="replace"))
     return Run(seconds=seconds, log=log, events=events, **json.loads(out.read_text()))
@@ -173,10 +179,11 @@ def _script(python: Path) -> list[str]:
     return [str(python), "-P", str(SCRIPT)]
 
 
-def _run(command: list[str], env, log: Path | None) -> None:
+def _run(command: list[str], env, log: Path | None, cwd: Path | None = None) -> None:
     with open(log, "w") if log else open(os.devnull, "w") as output:
         result = subprocess.run(
             command,
+            cwd=cwd,
             env=env,
             stdout=output if log else None,
             stderr=subprocess.STDOUT if log else None,

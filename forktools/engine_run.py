@@ -14,8 +14,9 @@ gives for fixed prompts, without and with the adapter merged.
 
 ``generate`` starts ``LLM(model=DIR, enable_lora=True, ...)``, times the
 start, and writes the greedy tokens without and with the adapter; each
-``ARG=INT`` after OUT is one more engine argument (``tensor_parallel_size=2``;
-``enable_lora=0`` runs without LoRA). The engine core is a spawned process,
+``ARG=VALUE`` after OUT is one more engine argument, a whole number where it
+is one (``tensor_parallel_size=2``; ``enable_lora=0`` runs without LoRA;
+``dtype=bfloat16`` replaces float32). The engine core is a spawned process,
 hence the ``__main__`` guard.
 """
 
@@ -142,13 +143,14 @@ def generate(directory: Path, out: Path, **engine_args: int) -> None:
     from vllm.lora.request import LoRARequest
 
     lora = bool(engine_args.pop("enable_lora", 1))
+    dtype = engine_args.pop("dtype", "float32")
     started = time.monotonic()
     llm = LLM(
         model=str(directory),
         enable_lora=lora,
         max_lora_rank=RANK,
         max_model_len=128,
-        dtype="float32",
+        dtype=dtype,
         **engine_args,
     )
     startup = time.monotonic() - started
@@ -181,11 +183,13 @@ if __name__ == "__main__":
         make_model(Path(directory))
     elif command == "generate":
         out, *settings = rest
-        engine_args = dict(setting.split("=") for setting in settings)
+        engine_args = dict(setting.split("=", 1) for setting in settings)
         generate(
-            Path(directory), Path(out), **{k: int(v) for k, v in engine_args.items()}
+            Path(directory),
+            Path(out),
+            **{k: int(v) if v.isdigit() else v for k, v in engine_args.items()},
         )
     else:
         sys.exit(
-            f"unknown command {command!r}: model DIR | generate DIR OUT [ARG=INT ...]"
+            f"unknown command {command!r}: model DIR | generate DIR OUT [ARG=VALUE ...]"
         )

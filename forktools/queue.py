@@ -70,12 +70,6 @@ class Entry:
             if created and path.rpartition("/")[2].startswith("test_")
         }
 
-    def shipped_diff(self, base: Base) -> str:
-        """The patch's diff of the files that ship (``vllm/``): not its
-        message, not its tests."""
-        sections = re.split(r"^(?=diff --git )", self.text(base), flags=re.MULTILINE)
-        return "".join(s for s in sections if s.startswith("diff --git a/vllm/"))
-
     def is_fix(self, base: Base) -> bool:
         """Whether the patch changes vLLM itself, not only its tests."""
         return any(path.startswith("vllm/") for path in self.changed_files(base))
@@ -130,13 +124,25 @@ def label_id(base: Base, wheel: Artifact | None = None) -> str:
     into its compile cache keys, so a queue update that changes only a test,
     a message or another platform's pin keeps every node's compile cache.
     ``queue_id`` still names the exact queue."""
-    wheel = wheel or base.wheel_for_this_machine()
+    texts = [entry.text(base) for entry in entries(base)]
+    return label_of(base, wheel or base.wheel_for_this_machine(), texts)
+
+
+def label_of(base: Base, wheel: Artifact, patches: list[str]) -> str:
+    """``label_id`` of the queue whose patches' texts are ``patches``."""
     digest = hashlib.sha256(base.name.encode())
     for artifact in (base.sdist, wheel):
         digest.update(f"{artifact.file} {artifact.sha256}\n".encode())
-    for entry in entries(base):
-        digest.update(entry.shipped_diff(base).encode())
+    for text in patches:
+        digest.update(shipped_diff(text).encode())
     return digest.hexdigest()[:10]
+
+
+def shipped_diff(patch: str) -> str:
+    """A patch's diff of the files that ship (``vllm/``): not its message,
+    not its tests."""
+    sections = re.split(r"^(?=diff --git )", patch, flags=re.MULTILINE)
+    return "".join(s for s in sections if s.startswith("diff --git a/vllm/"))
 
 
 def digests(base: Base) -> dict[str, str]:

@@ -1,0 +1,308 @@
+"""``make bench FIGURES=keys``: does the compile cache key separate exactly
+what compiles differently? A matrix of real-world changes between two
+engine starts on one cache root, fork against pristine.
+
+Each cell is a pair of ``LLM(...)`` starts of the base's CPU engine (the
+tiny Llama of ``forktools/engine_run.py``, LoRA on, AOT compile on): A cold
+on an empty cache root, then B, changed as the cell says, on A's root.
+Recorded for B: whether it got A's hash directory (no new
+``torch_aot_compile/<hash>`` beside A's), whether it loaded an AOT artifact,
+whether it compiled (saved an artifact or compiled again), and whether its
+greedy tokens equal those of the same start on an empty root (A's, where B
+runs what A ran). A cell that should load and compiled is a false miss; a
+cell that should compile and got A's directory, loaded, or decoded other
+tokens is a false hit.
+
+Pristine on CPU never loads an AOT artifact on a warm start (the bug the
+fork's CPU warm-load patch fixes), so its column is the pristine release
+with that one patch; its hash directories do not depend on loading.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from forktools import engine, git, materialize, queue, venv
+from forktools.pins import Base, ForkError
+
+CELLS_ENV = "VLLM_FORK_BENCH_CELLS"
+NUMBER = 10
+FIGURE = "compile cache keys: false hits and false misses over the cells"
+WARM_LOAD_SUBJECT = "Load CPU AOT artifacts on warm start"
+MATRIX_HEADER = (
+    "cell",
+    "expect",
+    "tree",
+    "same hash dir",
+    "B loaded",
+    "B compiled",
+    "B's tokens",
+    "verdict",
+)
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    expect: str  # "load" or "compile"
+    args: dict = field(default_factory=dict)  # B's engine arguments
+    env: dict = field(default_factory=dict)  # B's extra environment
+    move_root: bool = False  # the root copied elsewhere, the first moved away
+    other_cwd: bool = False
+    relabel: bool = False  # B runs the label of a test-only queue update
+    why: str = ""  # what the cell stands for
+
+
+CELLS = (
+    Cell("restart", "load", why="the same start again"),
+    Cell(
+        "root copied to another path",
+        "load",
+        move_root=True,
+        why="a cache volume mounted elsewhere (52154)",
+    ),
+    Cell("another working directory", "load", other_cwd=True),
+    Cell("another seed", "load", args={"seed": 1}),
+    Cell(
+        "fork update: a test patch and a message only",
+        "load",
+        relabel=True,
+        why="the label of the queue with its last fork-only test patch reworded",
+    ),
+    Cell("LoRA on, then off", "compile", args={"enable_lora": 0}),
+    Cell(
+        "a changed Inductor setting",
+        "compile",
+        env={"TORCHINDUCTOR_SIZE_ASSERTS": "0"},
+        why="TORCHINDUCTOR_SIZE_ASSERTS=0 (fix 1)",
+    ),
+    Cell("another dtype", "compile", args={"dtype": "bfloat16"}),
+)
+
+
+@dataclass
+class Outcome:
+    cell: Cell
+    tree: str
+    same_dir: bool
+    loaded: bool
+    compiled: bool
+    tokens_equal: bool
+
+    @property
+    def verdict(self) -> str:
+        if self.cell.expect == "load":
+            if self.compiled or not self.same_dir:
+                return "FALSE MISS"
+            return "ok" if self.loaded and self.tokens_equal else "wrong tokens"
+        if self.same_dir or self.loaded or not self.tokens_equal:
+            return "FALSE HIT"
+        return "ok"
+
+    def cells(self) -> tuple[str, ...]:
+        return (
+            self.cell.name,
+            self.cell.expect,
+            self.tree,
+            _yes(self.same_dir),
+            _yes(self.loaded),
+            _yes(self.compiled),
+            "equal" if self.tokens_equal else "DIFFER",
+            self.verdict,
+        )
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def selected_cells() -> list[Cell]:
+    """``CELLS=`` (``VLLM_FORK_BENCH_CELLS``): names, or parts of names,
+    comma-separated; every cell when unset."""
+    wanted = [w.strip() for w in os.environ.get(CELLS_ENV, "").split(",") if w.strip()]
+    if not wanted:
+        return list(CELLS)
+    picked = [cell for cell in CELLS if any(w in cell.name for w in wanted)]
+    if not picked:
+        names = "; ".join(cell.name for cell in CELLS)
+        raise ForkError(f"CELLS={','.join(wanted)} names no cell; the cells: {names}")
+    return picked
+
+
+def aot_dirs(root: Path) -> set[str]:
+    """The AOT hash directories under a cache root, by name."""
+    aot = root / "torch_compile_cache" / "torch_aot_compile"
+    return {path.name for path in aot.glob("*")} if aot.exists() else set()
+
+
+class Starts:
+    """Engine starts of one tree in one scratch directory."""
+
+    def __init__(self, python: Path, model: Path, tree: Path, work: Path, say):
+        self.python, self.model, self.tree, self.work = python, model, tree, work
+        self.say = say
+        self.count = 0
+
+    def start(
+        self, root: Path, tree: Path | None = None, cwd: Path | None = None, **change
+    ) -> engine.Run:
+        self.count += 1
+        args, env = change.get("args", {}), change.get("env", {})
+        environment = engine.environment(
+            tree or self.tree,
+            root,
+            TORCHINDUCTOR_CACHE_DIR=str(root.parent / "inductor"),
+            **engine.AOT_COMPILE,
+            **env,
+        )
+        log = self.work / f"start-{self.count}.log"
+        self.say(f"start {self.count}: {log.name}")
+        return engine.run_engine(
+            self.python, self.model, environment, log, cwd or self.work, **args
+        )
+
+
+def run_cell(cell: Cell, starts: Starts, relabeled: Path | None) -> Outcome:
+    """A cold, then B on A's root; B's tokens against B cold on an empty root."""
+    work = starts.work / cell.name.replace(" ", "-").replace(":", "").replace(",", "")
+    work.mkdir(parents=True)
+    root = work / "a" / "root"
+    root.mkdir(parents=True)
+    first = starts.start(root)
+    before = aot_dirs(root)
+    if cell.move_root:
+        moved = work / "b" / "root"
+        moved.parent.mkdir()
+        shutil.copytree(root, moved, symlinks=True)
+        shutil.rmtree(root)
+        root = moved
+    cwd = work / "elsewhere" if cell.other_cwd else None
+    if cwd:
+        cwd.mkdir()
+    b_tree = relabeled if cell.relabel else None
+    change = {"args": cell.args, "env": cell.env}
+    second = starts.start(root, b_tree, cwd, **change)
+    after = aot_dirs(root)
+    changed_run = bool(cell.args or cell.env or cell.relabel)
+    if changed_run:
+        fresh = work / "c" / "root"
+        fresh.mkdir(parents=True)
+        reference = starts.start(fresh, b_tree, **change)
+    else:
+        reference = first
+    events = second.events
+    return Outcome(
+        cell,
+        "",
+        same_dir=after == before,
+        loaded=events[engine.AOT_LOADED] > 0,
+        compiled=events[engine.AOT_SAVED] > 0 or events[engine.RECOMPILED] > 0,
+        tokens_equal=(second.base, second.lora) == (reference.base, reference.lora),
+    )
+
+
+def relabeled_label(base: Base) -> str:
+    """The version label the tooling gives the queue after an update that
+    rewords the last fork-only test patch's message and a docstring of its
+    test: what a fleet gets from such a fork update."""
+    entries = queue.entries(base)
+    texts = [entry.text(base) for entry in entries]
+    tests = [i for i, entry in enumerate(entries) if not entry.is_fix(base)]
+    if not tests:
+        raise ForkError(f"{base.name} has no test patch to reword")
+    last = tests[-1]
+    texts[last] = texts[last].replace("\n\n", "\n\nReworded.\n\n", 1)
+    texts[last] = texts[last].replace('+"""', '+"""Reworded. ', 1)
+    label = queue.label_of(base, base.wheel_for_this_machine(), texts)
+    return f"{base.version}+fork.{label}"
+
+
+def warm_load_commit(tree: Path, base: Base) -> str:
+    """A commit of the pristine release with only the CPU warm-load patch."""
+    [entry] = [e for e in queue.entries(base) if WARM_LOAD_SUBJECT in e.subject(base)]
+    with tempfile.TemporaryDirectory() as tmp:
+        index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git.run(tree, "read-tree", "base", env=index)
+        git.run(tree, "apply", "--cached", str(base.patch_dir / entry.name), env=index)
+        written = git.run(tree, "write-tree", env=index).stdout.strip()
+        message = f"pristine {base.version} with {entry.name} alone"
+        return git.run(
+            tree, "commit-tree", written, "-p", "base", "-m", message
+        ).stdout.strip()
+
+
+def measure(
+    base: Base, say: Callable[[str], None]
+) -> tuple[list[Outcome], dict[str, int]] | None:
+    """Every selected cell on the fork tree and on pristine with the warm-load
+    fix; None when the base pins no engine."""
+    from forktools import bench
+
+    python = venv.ensure_engine(base)
+    if python is None:
+        return None
+    cells = selected_cells()
+    tree = materialize.ensure(base)
+    work = Path(tempfile.mkdtemp(prefix="vllm-fork-bench-keys-"))
+    outcomes = []
+    try:
+        engine.make_model(python, work / "model")
+        pristine = warm_load_commit(tree, base)
+        with (
+            bench.checkout(tree, "HEAD") as fork,
+            bench.checkout(tree, pristine) as plain,
+            bench.checkout(tree, "HEAD") as relabeled,
+        ):
+            (relabeled / materialize.VERSION_FILE).write_text(
+                materialize._version_module(relabeled_label(base), "bench")
+            )
+            for name, checkout in (("fork", fork), ("pristine+warm load", plain)):
+                starts = Starts(
+                    python, work / "model", checkout, work / name.split("+")[0], say
+                )
+                starts.work.mkdir()
+                for cell in cells:
+                    if cell.relabel and name != "fork":
+                        continue  # pristine's version is the release's
+                    say(f"{base.name} {name}: {cell.name}")
+                    outcome = run_cell(cell, starts, relabeled)
+                    outcome.tree = name
+                    outcomes.append(outcome)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return outcomes, summary(outcomes)
+
+
+def fork_only_misses(outcomes: list[Outcome]) -> list[str]:
+    """Cells where the fork misses and pristine (with the warm-load fix),
+    run the same way, does not."""
+    plain = {o.cell.name: o for o in outcomes if o.tree != "fork"}
+    return [
+        o.cell.name
+        for o in outcomes
+        if o.tree == "fork"
+        and o.verdict == "FALSE MISS"
+        and (o.cell.name not in plain or plain[o.cell.name].verdict != "FALSE MISS")
+    ]
+
+
+def summary(outcomes: list[Outcome]) -> dict[str, int]:
+    counts = {}
+    for tree in ("fork", "pristine+warm load"):
+        ours = [o for o in outcomes if o.tree == tree]
+        counts[f"{tree} false hits"] = sum(o.verdict == "FALSE HIT" for o in ours)
+        counts[f"{tree} false misses"] = sum(o.verdict == "FALSE MISS" for o in ours)
+        counts[f"{tree} cells"] = len(ours)
+    return counts
+
+
+def matrix(base: Base, outcomes: list[Outcome]) -> str:
+    rows = [MATRIX_HEADER, *(o.cells() for o in outcomes)]
+    lines = [f"| {' | '.join(row)} |" for row in rows]
+    lines.insert(1, "|" + "---|" * len(MATRIX_HEADER))
+    return f"### {base.name}\n\n" + "\n".join(lines) + "\n"
