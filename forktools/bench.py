@@ -604,55 +604,46 @@ def keys(bases: list[Base]) -> list[Row]:
     from forktools import bench_keys
 
     goal = "fork: 0 false hits, no false miss pristine lacks"
-    rows, sections = [], {}
+    rows, sections = [], _keys_sections()
     for base in bases:
-        measured = bench_keys.measure(base, _progress)
-        if measured is None:
+        outcomes = bench_keys.measure(base, _progress)
+        if outcomes is None:
+            why = "no engine pinned"
             rows.append(
-                _skipped(
-                    bench_keys.NUMBER,
-                    bench_keys.FIGURE,
-                    base.name,
-                    goal,
-                    "no engine pinned",
-                )
+                _skipped(bench_keys.NUMBER, bench_keys.FIGURE, base.name, goal, why)
             )
             continue
-        outcomes, counts = measured
-        sections[base.name] = bench_keys.matrix(base, outcomes)
-        extra = bench_keys.fork_only_misses(outcomes)
+        cells = bench_keys.merged(sections.get(base.name, ""), outcomes)
+        sections[base.name] = bench_keys.matrix(base, cells)
+        counts = bench_keys.summary(cells)
+        extra = bench_keys.fork_only_misses(cells)
         holds = counts["fork false hits"] == 0 and not extra
         text = "; ".join(
             f"{tree}: {counts[f'{tree} false hits']} false hits, "
             f"{counts[f'{tree} false misses']} false misses "
             f"of {counts[f'{tree} cells']} cells"
-            for tree in ("fork", "pristine+warm load")
+            for tree in bench_keys.TREES
         )
         if extra:
             text += f"; the fork alone misses: {', '.join(extra)}"
-        rows.append(
-            Row(
-                bench_keys.NUMBER,
-                bench_keys.FIGURE,
-                base.name,
-                text,
-                goal,
-                _verdict(holds),
-            )
-        )
+        number, figure = bench_keys.NUMBER, bench_keys.FIGURE
+        rows.append(Row(number, figure, base.name, text, goal, _verdict(holds)))
     _write_keys_matrix(sections)
     return rows
 
 
-def _write_keys_matrix(sections: dict[str, str]) -> None:
-    """Replace the measured bases' sections of the keys matrix, keep the rest."""
-    kept = {}
+def _keys_sections() -> dict[str, str]:
+    """The keys matrix's section of each base, as last written."""
+    sections = {}
     if KEYS_MATRIX.exists():
         for part in KEYS_MATRIX.read_text().split("\n### ")[1:]:
             name = part.split("\n", 1)[0].strip()
-            kept[name] = "### " + part.rstrip("\n") + "\n"
-    kept.update(sections)
-    if not kept:
+            sections[name] = "### " + part.rstrip("\n") + "\n"
+    return sections
+
+
+def _write_keys_matrix(sections: dict[str, str]) -> None:
+    if not sections:
         return
     intro = (
         "## Compile cache keys\n\nWritten by `make bench FIGURES=keys` (row 10): "
@@ -661,7 +652,7 @@ def _write_keys_matrix(sections: dict[str, str]) -> None:
         "the same start on an empty root. The pristine column runs the release "
         "with only the CPU warm-load patch.\n"
     )
-    body = "\n".join(kept[name] for name in sorted(kept, reverse=True))
+    body = "\n".join(sections[name] for name in sorted(sections, reverse=True))
     KEYS_MATRIX.write_text(f"{intro}\n{body}")
 
 

@@ -34,6 +34,18 @@ CELLS_ENV = "VLLM_FORK_BENCH_CELLS"
 NUMBER = 10
 FIGURE = "compile cache keys: false hits and false misses over the cells"
 WARM_LOAD_SUBJECT = "Load CPU AOT artifacts on warm start"
+# A UTS and a PID namespace of their own: another hostname, the engine PID 1.
+OTHER_HOST = (
+    "unshare",
+    "--uts",
+    "--pid",
+    "--fork",
+    "--mount-proc",
+    "sh",
+    "-c",
+    'hostname vllm-fork-other-host && exec "$@"',
+    "sh",
+)
 MATRIX_HEADER = (
     "cell",
     "expect",
@@ -54,6 +66,8 @@ class Cell:
     env: dict = field(default_factory=dict)  # B's extra environment
     move_root: bool = False  # the root copied elsewhere, the first moved away
     other_cwd: bool = False
+    other_home: bool = False
+    namespaces: bool = False  # another hostname, and PID 1 of a PID namespace
     relabel: bool = False  # B runs the label of a test-only queue update
     why: str = ""  # what the cell stands for
 
@@ -67,6 +81,13 @@ CELLS = (
         why="a cache volume mounted elsewhere (52154)",
     ),
     Cell("another working directory", "load", other_cwd=True),
+    Cell("another user's HOME", "load", other_home=True, why="47573"),
+    Cell(
+        "another hostname and PID",
+        "load",
+        namespaces=True,
+        why="UTS and PID namespaces, as containers of one image",
+    ),
     Cell("another seed", "load", args={"seed": 1}),
     Cell(
         "fork update: a test patch and a message only",
@@ -149,7 +170,12 @@ class Starts:
         self.count = 0
 
     def start(
-        self, root: Path, tree: Path | None = None, cwd: Path | None = None, **change
+        self,
+        root: Path,
+        tree: Path | None = None,
+        cwd: Path | None = None,
+        prefix: tuple[str, ...] = (),
+        **change,
     ) -> engine.Run:
         self.count += 1
         args, env = change.get("args", {}), change.get("env", {})
@@ -163,7 +189,7 @@ class Starts:
         log = self.work / f"start-{self.count}.log"
         self.say(f"start {self.count}: {log.name}")
         return engine.run_engine(
-            self.python, self.model, environment, log, cwd or self.work, **args
+            self.python, self.model, environment, log, cwd or self.work, prefix, **args
         )
 
 
@@ -185,10 +211,15 @@ def run_cell(cell: Cell, starts: Starts, relabeled: Path | None) -> Outcome:
     if cwd:
         cwd.mkdir()
     b_tree = relabeled if cell.relabel else None
-    change = {"args": cell.args, "env": cell.env}
-    second = starts.start(root, b_tree, cwd, **change)
+    env = dict(cell.env)
+    if cell.other_home:
+        env["HOME"] = str(work / "another-home")
+        Path(env["HOME"]).mkdir()
+    change = {"args": cell.args, "env": env}
+    prefix = OTHER_HOST if cell.namespaces else ()
+    second = starts.start(root, b_tree, cwd, prefix, **change)
     after = aot_dirs(root)
-    changed_run = bool(cell.args or cell.env or cell.relabel)
+    changed_run = bool(cell.args or cell.env or cell.relabel)  # not where it runs
     if changed_run:
         fresh = work / "c" / "root"
         fresh.mkdir(parents=True)
@@ -236,9 +267,7 @@ def warm_load_commit(tree: Path, base: Base) -> str:
         ).stdout.strip()
 
 
-def measure(
-    base: Base, say: Callable[[str], None]
-) -> tuple[list[Outcome], dict[str, int]] | None:
+def measure(base: Base, say: Callable[[str], None]) -> list[Outcome] | None:
     """Every selected cell on the fork tree and on pristine with the warm-load
     fix; None when the base pins no engine."""
     from forktools import bench
@@ -261,7 +290,7 @@ def measure(
             (relabeled / materialize.VERSION_FILE).write_text(
                 materialize._version_module(relabeled_label(base), "bench")
             )
-            for name, checkout in (("fork", fork), ("pristine+warm load", plain)):
+            for name, checkout in zip(TREES, (fork, plain), strict=True):
                 starts = Starts(
                     python, work / "model", checkout, work / name.split("+")[0], say
                 )
@@ -275,34 +304,54 @@ def measure(
                     outcomes.append(outcome)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return outcomes, summary(outcomes)
+    return outcomes
 
 
-def fork_only_misses(outcomes: list[Outcome]) -> list[str]:
+TREES = ("fork", "pristine+warm load")
+
+
+def merged(earlier: str, outcomes: list[Outcome]) -> list[tuple[str, ...]]:
+    """The matrix rows of an earlier section, each replaced by this run's
+    outcome of its cell and tree (a ``CELLS=`` run measures some)."""
+    rows = {}
+    for line in earlier.splitlines():
+        cells = tuple(cell.strip() for cell in line.strip().strip("|").split(" | "))
+        is_row = line.startswith("| ") and len(cells) == len(MATRIX_HEADER)
+        if is_row and cells != MATRIX_HEADER:
+            rows[cells[0], cells[2]] = cells
+    for outcome in outcomes:
+        rows[outcome.cell.name, outcome.tree] = outcome.cells()
+    order = {cell.name: number for number, cell in enumerate(CELLS)}
+    return sorted(
+        rows.values(),
+        key=lambda row: (TREES.index(row[2]), order.get(row[0], len(order))),
+    )
+
+
+def fork_only_misses(rows: list[tuple[str, ...]]) -> list[str]:
     """Cells where the fork misses and pristine (with the warm-load fix),
     run the same way, does not."""
-    plain = {o.cell.name: o for o in outcomes if o.tree != "fork"}
+    plain = {row[0]: row[7] for row in rows if row[2] != "fork"}
     return [
-        o.cell.name
-        for o in outcomes
-        if o.tree == "fork"
-        and o.verdict == "FALSE MISS"
-        and (o.cell.name not in plain or plain[o.cell.name].verdict != "FALSE MISS")
+        row[0]
+        for row in rows
+        if row[2] == "fork"
+        and row[7] == "FALSE MISS"
+        and plain.get(row[0]) != "FALSE MISS"
     ]
 
 
-def summary(outcomes: list[Outcome]) -> dict[str, int]:
+def summary(rows: list[tuple[str, ...]]) -> dict[str, int]:
     counts = {}
-    for tree in ("fork", "pristine+warm load"):
-        ours = [o for o in outcomes if o.tree == tree]
-        counts[f"{tree} false hits"] = sum(o.verdict == "FALSE HIT" for o in ours)
-        counts[f"{tree} false misses"] = sum(o.verdict == "FALSE MISS" for o in ours)
+    for tree in TREES:
+        ours = [row for row in rows if row[2] == tree]
+        counts[f"{tree} false hits"] = sum(row[7] == "FALSE HIT" for row in ours)
+        counts[f"{tree} false misses"] = sum(row[7] == "FALSE MISS" for row in ours)
         counts[f"{tree} cells"] = len(ours)
     return counts
 
 
-def matrix(base: Base, outcomes: list[Outcome]) -> str:
-    rows = [MATRIX_HEADER, *(o.cells() for o in outcomes)]
-    lines = [f"| {' | '.join(row)} |" for row in rows]
+def matrix(base: Base, rows: list[tuple[str, ...]]) -> str:
+    lines = [f"| {' | '.join(row)} |" for row in [MATRIX_HEADER, *rows]]
     lines.insert(1, "|" + "---|" * len(MATRIX_HEADER))
     return f"### {base.name}\n\n" + "\n".join(lines) + "\n"

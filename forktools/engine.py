@@ -80,12 +80,16 @@ def run_engine(
     env: dict[str, str],
     log: Path,
     cwd: Path | None = None,
+    prefix: tuple[str, ...] = (),
     **engine_args: int | str,
 ) -> Run:
+    """``LLM(...)`` in a process of its own (``prefix`` runs it, as
+    ``unshare`` does), its tokens and what its log says."""
     out = log.with_suffix(".json")
     settings = [f"{name}={value}" for name, value in engine_args.items()]
     started = time.monotonic()
-    command = [*_script(python), "generate", str(model), str(out), *settings]
+    script = [*_script(python), "generate", str(model), str(out), *settings]
+    command = [*prefix, *script]
     _run(command, env, log, cwd)
     seconds = time.monotonic() - started
     events = log_events(log.read_text(errors="replace"))

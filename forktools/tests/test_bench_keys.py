@@ -36,8 +36,9 @@ def test_only_the_forks_own_misses_count_against_it():
         Outcome(other, "fork", False, False, True, True),
         Outcome(other, "pristine+warm load", True, True, False, True),
     ]
-    assert bench_keys.fork_only_misses(outcomes) == [other.name]
-    counts = bench_keys.summary(outcomes)
+    rows = bench_keys.merged("", outcomes)
+    assert bench_keys.fork_only_misses(rows) == [other.name]
+    counts = bench_keys.summary(rows)
     assert counts["fork false misses"] == 2 and counts["pristine+warm load false misses"] == 1
 
 
@@ -55,10 +56,10 @@ class _Starts:
     def __init__(self, work, key):
         self.work, self.key, self.count = work, key, 0
 
-    def start(self, root, tree=None, cwd=None, **change):
+    def start(self, root, tree=None, cwd=None, prefix=(), **change):
         self.count += 1
         aot = root / "torch_compile_cache" / "torch_aot_compile"
-        name = self.key(root, tree, cwd, change)
+        name = self.key(root, tree, cwd, dict(change, prefix=prefix))
         loaded = (aot / name).exists()
         (aot / name).mkdir(parents=True, exist_ok=True)
         event = engine.AOT_LOADED if loaded else engine.AOT_SAVED
@@ -74,6 +75,9 @@ class _Starts:
         (Cell("root copied to another path", "load", move_root=True), "path", "FALSE MISS"),
         (Cell("root copied to another path", "load", move_root=True), "fixed", "ok"),
         (Cell("another working directory", "load", other_cwd=True), "cwd", "FALSE MISS"),
+        (Cell("another user's HOME", "load", other_home=True), "home", "FALSE MISS"),
+        (Cell("another user's HOME", "load", other_home=True), "fixed", "ok"),
+        (Cell("another hostname", "load", namespaces=True), "host", "FALSE MISS"),
         (COMPILE, "fixed", "FALSE HIT"),
         (COMPILE, "args", "ok"),
     ],
@@ -83,7 +87,9 @@ def test_a_cell_runs_a_then_b_on_as_root(tmp_path, cell, key, verdict):
         "fixed": lambda root, tree, cwd, change: "k",
         "path": lambda root, tree, cwd, change: str(hash(str(root))),
         "cwd": lambda root, tree, cwd, change: str(hash(str(cwd))),
-        "args": lambda root, tree, cwd, change: str(hash(str(change))),
+        "args": lambda root, tree, cwd, change: str(hash(str(change.get("args")))),
+        "home": lambda root, tree, cwd, change: str(hash(str(change.get("env")))),
+        "host": lambda root, tree, cwd, change: str(len(change["prefix"])),
     }
     outcome = bench_keys.run_cell(cell, _Starts(tmp_path, keys[key]), None)
     assert outcome.verdict == verdict
@@ -98,10 +104,30 @@ def test_a_test_only_update_keeps_the_label(project):
     assert bench_keys.relabeled_label(project.base) == materialize.version(project.base)
 
 
+def test_a_cells_run_replaces_only_its_cells_rows():
+    seed = Cell("another seed", "load", args={"seed": 1})
+    first = bench_keys.merged(
+        "",
+        [
+            Outcome(LOAD, "fork", True, True, False, True),
+            Outcome(seed, "fork", False, False, True, True),
+            Outcome(seed, "pristine+warm load", True, True, False, True),
+        ],
+    )
+    base = type("B", (), {"name": "v9"})()
+    section = bench_keys.matrix(base, first)
+    again = bench_keys.merged(section, [Outcome(seed, "fork", True, True, False, True)])
+    assert [(row[0], row[2], row[7]) for row in again] == [
+        ("restart", "fork", "ok"),
+        ("another seed", "fork", "ok"),
+        ("another seed", "pristine+warm load", "ok"),
+    ]
+
+
 def test_the_matrix_keeps_the_sections_of_bases_not_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "KEYS_MATRIX", tmp_path / "keys.md")
     bench._write_keys_matrix({"v0.19.1": "### v0.19.1\n\nold\n"})
-    bench._write_keys_matrix({"v0.33.0": "### v0.33.0\n\nnew\n"})
+    bench._write_keys_matrix({**bench._keys_sections(), "v0.33.0": "### v0.33.0\n\nnew\n"})
     text = (tmp_path / "keys.md").read_text()
     assert text.index("### v0.33.0") < text.index("### v0.19.1")
     assert "\nold\n" in text and "\nnew\n" in text
