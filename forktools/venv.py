@@ -84,7 +84,8 @@ def missing(base: Base) -> list[str]:
     if base.engine and base.engine_wheel_for_this_machine() is not None:
         role = "engine layer" if base.engine.kernels_only else "engine"
         engines = cache_root().glob(f"{base.name}-engine-*/{COMPLETE_MARKER}")
-        if "test" in found and role == "engine layer" or not any(engines):
+        rebuilt_with_test = "test" in found and role == "engine layer"
+        if rebuilt_with_test or not any(engines):
             found.append(role)
     return found
 
