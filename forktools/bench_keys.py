@@ -20,6 +20,7 @@ with that one patch; its hash directories do not depend on loading.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -69,6 +70,7 @@ class Cell:
     other_home: bool = False
     namespaces: bool = False  # another hostname, and PID 1 of a PID namespace
     relabel: bool = False  # B runs the label of a test-only queue update
+    hf_attribute: bool = False  # B's config.json has an attribute A's lacks
     why: str = ""  # what the cell stands for
 
 
@@ -103,6 +105,12 @@ CELLS = (
         why="TORCHINDUCTOR_SIZE_ASSERTS=0 (fix 1)",
     ),
     Cell("another dtype", "compile", args={"dtype": "bfloat16"}),
+    Cell(
+        "an undeclared HF config attribute added",
+        "compile",
+        hf_attribute=True,
+        why="fix 2: an attribute LlamaConfig does not declare, in config.json",
+    ),
 )
 
 
@@ -169,6 +177,16 @@ class Starts:
         self.say = say
         self.count = 0
 
+    def other_model(self) -> Path:
+        """The model with one more, undeclared, attribute in its config."""
+        other = self.model.with_name("model-with-attribute")
+        if not other.exists():
+            shutil.copytree(self.model, other)
+            config = json.loads((other / "config.json").read_text())
+            config["vllm_fork_bench_attribute"] = 2
+            (other / "config.json").write_text(json.dumps(config, indent=1))
+        return other
+
     def start(
         self,
         root: Path,
@@ -179,6 +197,7 @@ class Starts:
     ) -> engine.Run:
         self.count += 1
         args, env = change.get("args", {}), change.get("env", {})
+        model = self.other_model() if change.get("hf_attribute") else self.model
         environment = engine.environment(
             tree or self.tree,
             root,
@@ -189,7 +208,7 @@ class Starts:
         log = self.work / f"start-{self.count}.log"
         self.say(f"start {self.count}: {log.name}")
         return engine.run_engine(
-            self.python, self.model, environment, log, cwd or self.work, prefix, **args
+            self.python, model, environment, log, cwd or self.work, prefix, **args
         )
 
 
@@ -215,11 +234,12 @@ def run_cell(cell: Cell, starts: Starts, relabeled: Path | None) -> Outcome:
     if cell.other_home:
         env["HOME"] = str(work / "another-home")
         Path(env["HOME"]).mkdir()
-    change = {"args": cell.args, "env": env}
+    change = {"args": cell.args, "env": env, "hf_attribute": cell.hf_attribute}
     prefix = OTHER_HOST if cell.namespaces else ()
     second = starts.start(root, b_tree, cwd, prefix, **change)
     after = aot_dirs(root)
-    changed_run = bool(cell.args or cell.env or cell.relabel)  # not where it runs
+    # A run of other settings needs its own cold reference; a run elsewhere not.
+    changed_run = bool(cell.args or cell.env or cell.relabel or cell.hf_attribute)
     if changed_run:
         fresh = work / "c" / "root"
         fresh.mkdir(parents=True)

@@ -79,6 +79,8 @@ class _Starts:
         (Cell("another user's HOME", "load", other_home=True), "fixed", "ok"),
         (Cell("another hostname", "load", namespaces=True), "host", "FALSE MISS"),
         (COMPILE, "fixed", "FALSE HIT"),
+        (Cell("hf", "compile", hf_attribute=True), "args", "FALSE HIT"),
+        (Cell("hf", "compile", hf_attribute=True), "hf", "ok"),
         (COMPILE, "args", "ok"),
     ],
 )
@@ -90,6 +92,7 @@ def test_a_cell_runs_a_then_b_on_as_root(tmp_path, cell, key, verdict):
         "args": lambda root, tree, cwd, change: str(hash(str(change.get("args")))),
         "home": lambda root, tree, cwd, change: str(hash(str(change.get("env")))),
         "host": lambda root, tree, cwd, change: str(len(change["prefix"])),
+        "hf": lambda root, tree, cwd, change: str(bool(change.get("hf_attribute"))),
     }
     outcome = bench_keys.run_cell(cell, _Starts(tmp_path, keys[key]), None)
     assert outcome.verdict == verdict
@@ -131,3 +134,14 @@ def test_the_matrix_keeps_the_sections_of_bases_not_measured(tmp_path, monkeypat
     text = (tmp_path / "keys.md").read_text()
     assert text.index("### v0.33.0") < text.index("### v0.19.1")
     assert "\nold\n" in text and "\nnew\n" in text
+
+
+def test_the_other_model_has_one_more_config_attribute(tmp_path):
+    import json
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 128}')
+    starts = bench_keys.Starts(tmp_path / "python", model, tmp_path, tmp_path, print)
+    other = json.loads((starts.other_model() / "config.json").read_text())
+    assert other == {"hidden_size": 128, "vllm_fork_bench_attribute": 2}
