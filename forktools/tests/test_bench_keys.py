@@ -79,7 +79,7 @@ class _Starts:
         (Cell("another user's HOME", "load", other_home=True), "fixed", "ok"),
         (Cell("another hostname", "load", namespaces=True), "host", "FALSE MISS"),
         (COMPILE, "fixed", "FALSE HIT"),
-        (Cell("hf", "compile", hf_attribute=True), "args", "FALSE HIT"),
+        (Cell("hf", "compile", hf_attribute=True), "fixed", "FALSE HIT"),
         (Cell("hf", "compile", hf_attribute=True), "hf", "ok"),
         (COMPILE, "args", "ok"),
     ],
