@@ -589,17 +589,23 @@ def keys(bases: list[Base]) -> list[Row]:
     differently, in the real CPU engine. Each cell is a pair of
     ``LLM(...)`` starts (the tiny Llama, LoRA on, ``VLLM_USE_AOT_COMPILE=1``,
     the base's default artifact format) on one cache root: A cold, then B,
-    changed as the cell says (``forktools/bench_keys.py`` lists them: a
-    restart, the root copied elsewhere, another working directory, another
-    seed, a fork update that rewords only a test patch, should load; LoRA
-    off, a changed Inductor setting, another dtype, should compile). For B:
-    whether it got A's ``torch_aot_compile/<hash>`` directory, loaded,
-    compiled, and decoded the tokens of the same start on an empty root. On
-    the fork tree and on pristine with only the CPU warm-load patch (pristine
-    on CPU never loads a warm artifact; its hash directories do not depend
-    on that). The matrix is below; ``CELLS=`` runs only the cells named.
-    Holds when the fork has no false hit and no false miss that pristine
-    lacks.
+    changed as the cell says (``forktools/bench_keys.py`` lists them). Should
+    load: a restart (A served a LoRA adapter loaded at runtime), the root
+    copied to another path and the first moved away, another working
+    directory, another user's ``HOME``, another hostname with the engine PID
+    1 of a PID namespace (``unshare --uts --pid``), another seed, a fork
+    update that rewords only a test patch and its message (B runs the label
+    the tooling gives that queue). Should compile: LoRA off, a changed
+    Inductor setting, another dtype, an attribute ``LlamaConfig`` does not
+    declare added to ``config.json``. For B: whether it got A's
+    ``torch_aot_compile/<hash>`` directory, loaded, compiled, and decoded the
+    tokens of the same start on an empty root. On the fork tree and on
+    pristine with only the CPU warm-load patch (pristine on CPU never loads a
+    warm artifact; its hash directories do not depend on that). A start takes
+    about 70 s on 2 cores, a cell two or three starts per tree: every cell of
+    one base about an hour; ``CELLS=`` runs only the cells named, and
+    replaces only their rows of the matrix below. Holds when the fork has no
+    false hit and no false miss that pristine lacks.
     """
     from forktools import bench_keys
 
