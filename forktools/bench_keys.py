@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -214,7 +215,8 @@ class Starts:
 
 def run_cell(cell: Cell, starts: Starts, relabeled: Path | None) -> Outcome:
     """A cold, then B on A's root; B's tokens against B cold on an empty root."""
-    work = starts.work / cell.name.replace(" ", "-").replace(":", "").replace(",", "")
+    # Inductor links through a shell command: a quote in a path breaks it.
+    work = starts.work / re.sub(r"[^A-Za-z0-9]+", "-", cell.name).strip("-")
     work.mkdir(parents=True)
     root = work / "a" / "root"
     root.mkdir(parents=True)
@@ -298,7 +300,7 @@ def measure(base: Base, say: Callable[[str], None]) -> list[Outcome] | None:
     cells = selected_cells()
     tree = materialize.ensure(base)
     work = Path(tempfile.mkdtemp(prefix="vllm-fork-bench-keys-"))
-    outcomes = []
+    outcomes: list[Outcome] = []
     try:
         engine.make_model(python, work / "model")
         pristine = warm_load_commit(tree, base)
@@ -322,8 +324,10 @@ def measure(base: Base, say: Callable[[str], None]) -> list[Outcome] | None:
                     outcome = run_cell(cell, starts, relabeled)
                     outcome.tree = name
                     outcomes.append(outcome)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    except ForkError as error:
+        # The failed start's log is in there: keep it.
+        raise ForkError(f"{error} (the runs' files are kept in {work})") from None
+    shutil.rmtree(work, ignore_errors=True)
     return outcomes
 
 
