@@ -9,6 +9,7 @@ domain (the maintainers' alias) is no person's, so DCO cannot take it.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -742,7 +743,7 @@ def run_onto(tree: Path, commit: str, started: Started, python: Path | None) -> 
 def _checks_onto(checkout: Path, before: str, after: str) -> tuple[str, list[str]]:
     """The checkout's own pre-commit checks on the files the patch changes,
     in a scratch clone that shares its objects (the checkout is not touched)."""
-    from forktools import download, lint, precommit
+    from forktools import download, precommit
 
     config = _user_git(checkout, "show", f"{after}:{precommit.CONFIG}")
     if config.returncode != 0:
@@ -750,6 +751,16 @@ def _checks_onto(checkout: Path, before: str, after: str) -> tuple[str, list[str
     key = hashlib.sha256(config.stdout.encode()).hexdigest()[:12]
     work = download.cache_dir() / "upstream-checks" / f"onto-{key}"
     work.mkdir(parents=True, exist_ok=True)
+    with open(work / ".lock", "w") as lock:  # one run at a time per config
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _checks_in(checkout, before, after, work)
+
+
+def _checks_in(
+    checkout: Path, before: str, after: str, work: Path
+) -> tuple[str, list[str]]:
+    from forktools import lint, precommit
+
     scratch = work / "checkout"
     shutil.rmtree(scratch, ignore_errors=True)
     subprocess.run(
