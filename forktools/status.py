@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import dataclass
 
 from forktools import git, materialize, pins, queue, upstream, wheel
 from forktools.pins import Base
@@ -56,31 +57,51 @@ def in_release(
     return "needed"
 
 
+@dataclass(frozen=True)
+class Carried:
+    """What a newer queue carries: its patches' subjects and the test
+    modules they create."""
+
+    subjects: frozenset[str]
+    tests: frozenset[str]
+
+    @classmethod
+    def by(cls, newer: Base) -> Carried:
+        entries = queue.entries(newer)
+        return cls(
+            frozenset(entry.subject(newer) for entry in entries),
+            frozenset(t for entry in entries for t in entry.new_test_modules(newer)),
+        )
+
+
 def in_newer(
     base: Base,
     entry: queue.Entry,
     status: upstream.Status | None,
     newer: Base,
+    carried: Carried,
     fetch: bool = False,
 ) -> str:
     """Whether ``newer`` holds ``entry`` (``in_release``), else whether its
-    queue carries it."""
+    queue carries it (``carried``)."""
     held = in_release(base, entry, status, newer, fetch)
     if held != "needed":
         return held
-    subject, tests = entry.subject(base), entry.new_test_modules(base)
-    for other in queue.entries(newer):
-        if other.subject(newer) == subject or tests & other.new_test_modules(newer):
-            return CARRIED
+    if entry.subject(base) in carried.subjects:
+        return CARRIED
+    if entry.new_test_modules(base) & carried.tests:
+        return CARRIED
     return NEEDED if entry.is_fix(base) else NOT_CARRIED
 
 
-def newer_than(base: Base, pinned: pins.Pins) -> list[Base]:
-    return [
-        other
+def newer_than(base: Base, pinned: pins.Pins) -> dict[Base, Carried]:
+    """The releases pinned newer than ``base``, oldest first, each with what
+    its queue carries."""
+    return {
+        other: Carried.by(other)
         for other in pinned.newest_first()[::-1]
         if pins.version_key(other.version) > pins.version_key(base.version)
-    ]
+    }
 
 
 def _status(base: Base, entry: queue.Entry) -> upstream.Status | None:
@@ -100,8 +121,8 @@ def rows(
         for number, entry in enumerate(entries, 1):
             status = _status(base, entry)
             releases = "; ".join(
-                f"{other.name}: {in_newer(base, entry, status, other, fetch)}"
-                for other in newer
+                f"{other.name}: {in_newer(base, entry, status, other, held, fetch)}"
+                for other, held in newer.items()
             )
             shown = str(status) if status else "MISSING (see make lint)"
             subject = entry.subject(base)
@@ -131,7 +152,10 @@ def narrow(base: Base, pinned: pins.Pins, fetch: bool = False, width: int = 0) -
     entries = queue.entries(base)
     for number, entry in enumerate(entries, 1):
         status = _status(base, entry)
-        cells = [in_newer(base, entry, status, b, fetch) for b in newer]
+        cells = [
+            in_newer(base, entry, status, other, held, fetch)
+            for other, held in newer.items()
+        ]
         table.append(
             (
                 str(number),
