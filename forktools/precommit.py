@@ -390,8 +390,8 @@ def commit_problems(
     """What the checks ``after`` configures (typos, mypy, the hook scripts)
     find in ``files`` at commit ``after`` of the git checkout ``scratch``
     that they do not find at ``before``; the checkout is left at ``after``."""
-    git.run(scratch, "checkout", "--quiet", "--force", "--detach", before)
-    present = [name for name in files if (scratch / name).is_file()]
+    listed = git.out(scratch, "ls-tree", "-r", "--name-only", before, "--", *files)
+    present = set(listed.splitlines())
     git.run(scratch, "checkout", "--quiet", "--force", "--detach", after)
     found_hooks = hooks_in(scratch, work)
     files = checked_files(found_hooks, files)
