@@ -593,19 +593,25 @@ def keys(bases: list[Base]) -> list[Row]:
     load: a restart (A served a LoRA adapter loaded at runtime), the root
     copied to another path and the first moved away, another working
     directory, another user's ``HOME``, another hostname with the engine PID
-    1 of a PID namespace (``unshare --uts --pid``), another seed, a fork
-    update that rewords only a test patch and its message (B runs the label
-    the tooling gives that queue). Should compile: LoRA off, a changed
-    Inductor setting, another dtype, an attribute ``LlamaConfig`` does not
-    declare added to ``config.json``. For B: whether it got A's
-    ``torch_aot_compile/<hash>`` directory, loaded, compiled, and decoded the
-    tokens of the same start on an empty root. On the fork tree and on
-    pristine with only the CPU warm-load patch (pristine on CPU never loads a
-    warm artifact; its hash directories do not depend on that). A start takes
-    about 70 s on 2 cores, a cell two or three starts per tree: every cell of
-    one base about an hour; ``CELLS=`` runs only the cells named, and
-    replaces only their rows of the matrix below. Holds when the fork has no
-    false hit and no false miss that pristine lacks.
+    1 of a PID namespace (``unshare --uts --pid``), B from the files of the
+    fork wheel ``make wheel`` builds, unpacked in another folder, two API
+    servers (``vllm serve``) on other ports, B with another served model
+    name, another seed, a restart after A served three adapters loaded at
+    runtime, a fork update that rewords only a test patch and its message
+    (B runs the label the tooling gives that queue). Should compile: LoRA
+    partly, then fully wrapped (issue 55383; the engine core in-process so
+    that A's patch reaches it), LoRA off, a changed Inductor setting,
+    another dtype, an attribute ``LlamaConfig`` does not declare added to,
+    or changed in, ``config.json`` at the same path. For B: whether it got
+    A's ``torch_aot_compile/<hash>`` directory, loaded, compiled, and
+    decoded the tokens of the same start on an empty root (a B that dies is
+    recorded with its exception). On the fork tree and on pristine with only
+    the CPU warm-load patch (pristine on CPU never loads a warm artifact; its
+    hash directories do not depend on that). A start takes about 60 s on 2
+    cores, a cell two or three starts per tree: every cell of one base about
+    an hour; ``CELLS=`` runs only the cells named, and replaces only their
+    rows of the matrix below. Holds when the fork has no false hit and no
+    false miss that pristine lacks.
     """
     from forktools import bench_keys
 

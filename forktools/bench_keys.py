@@ -3,8 +3,9 @@ what compiles differently? A matrix of real-world changes between two
 engine starts on one cache root, fork against pristine.
 
 Each cell is a pair of ``LLM(...)`` starts of the base's CPU engine (the
-tiny Llama of ``forktools/engine_run.py``, LoRA on, AOT compile on): A cold
-on an empty cache root, then B, changed as the cell says, on A's root.
+tiny Llama of ``forktools/engine_run.py``, LoRA on, AOT compile on), or of
+its API server: A cold on an empty cache root, then B, changed as the cell
+says, on A's root.
 Recorded for B: whether it got A's hash directory (no new
 ``torch_aot_compile/<hash>`` beside A's), whether it loaded an AOT artifact,
 whether it compiled (saved an artifact or compiled again), and whether its
@@ -25,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,15 +68,35 @@ class Cell:
     expect: str  # "load" or "compile"
     args: dict = field(default_factory=dict)  # B's engine arguments
     env: dict = field(default_factory=dict)  # B's extra environment
+    first: dict = field(default_factory=dict)  # A's engine arguments
+    both: dict = field(default_factory=dict)  # extra environment of every start
     move_root: bool = False  # the root copied elsewhere, the first moved away
     other_cwd: bool = False
     other_home: bool = False
     namespaces: bool = False  # another hostname, and PID 1 of a PID namespace
     relabel: bool = False  # B runs the label of a test-only queue update
-    hf_attribute: bool = False  # B's config.json has an attribute A's lacks
+    # A's and B's value of an attribute LlamaConfig does not declare, in
+    # config.json (None: absent), the model at one path for both.
+    hf_attribute: tuple[int | None, int | None] | None = None
+    wheel: bool = False  # B runs the fork wheel's files, at another path
+    server: bool = False  # API server starts, B on another port and name
     why: str = ""  # what the cell stands for
 
+    @property
+    def b_runs_otherwise(self) -> bool:
+        """B's settings differ from A's (not only where or by whom it runs),
+        so B's tokens need a cold start of their own to compare with."""
+        runtime_only = set(self.first) <= RUNTIME_ONLY
+        return (
+            bool(self.args or self.env or self.relabel or self.hf_attribute)
+            or not runtime_only
+        )
 
+
+# A's engine arguments that change what it does after starting, not the start.
+RUNTIME_ONLY = {"adapters"}
+UNWRAPPED = "model.layers.1.self_attn.qkv_proj"
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 CELLS = (
     Cell("restart", "load", why="the same start again"),
     Cell(
@@ -91,12 +113,38 @@ CELLS = (
         namespaces=True,
         why="UTS and PID namespaces, as containers of one image",
     ),
+    Cell(
+        "the wheel at another path",
+        "load",
+        wheel=True,
+        why="A from the fork's tree (pip install -e .), B from make wheel's "
+        "files in another folder",
+    ),
+    Cell(
+        "another port and served model name",
+        "load",
+        server=True,
+        why="vllm serve, B with --served-model-name",
+    ),
     Cell("another seed", "load", args={"seed": 1}),
+    Cell(
+        "a restart after adapters added at runtime",
+        "load",
+        first={"adapters": 3},
+        why="A served three adapters, each loaded at runtime",
+    ),
     Cell(
         "fork update: a test patch and a message only",
         "load",
         relabel=True,
         why="the label of the queue with its last fork-only test patch reworded",
+    ),
+    Cell(
+        "LoRA partly, then fully wrapped",
+        "compile",
+        first={"unwrapped": UNWRAPPED},
+        both=IN_PROCESS,
+        why=f"55383: A leaves {UNWRAPPED} unwrapped",
     ),
     Cell("LoRA on, then off", "compile", args={"enable_lora": 0}),
     Cell(
@@ -109,8 +157,14 @@ CELLS = (
     Cell(
         "an undeclared HF config attribute added",
         "compile",
-        hf_attribute=True,
+        hf_attribute=(None, 2),
         why="fix 2: an attribute LlamaConfig does not declare, in config.json",
+    ),
+    Cell(
+        "an undeclared HF config attribute changed",
+        "compile",
+        hf_attribute=(1, 2),
+        why="fix 2: its value in config.json changed",
     ),
 )
 
@@ -123,18 +177,25 @@ class Outcome:
     loaded: bool
     compiled: bool
     tokens_equal: bool
+    died: str = ""  # B's exception, where B did not finish its start
 
     @property
     def verdict(self) -> str:
         if self.cell.expect == "load":
             if self.compiled or not self.same_dir:
                 return "FALSE MISS"
+            if self.died:
+                return "B died"
             return "ok" if self.loaded and self.tokens_equal else "wrong tokens"
         if self.same_dir or self.loaded or not self.tokens_equal:
             return "FALSE HIT"
-        return "ok"
+        return "B died" if self.died else "ok"
 
     def cells(self) -> tuple[str, ...]:
+        if self.died:
+            tokens = f"B died: {self.died}"
+        else:
+            tokens = "equal" if self.tokens_equal else "DIFFER"
         return (
             self.cell.name,
             self.cell.expect,
@@ -142,7 +203,7 @@ class Outcome:
             _yes(self.same_dir),
             _yes(self.loaded),
             _yes(self.compiled),
-            "equal" if self.tokens_equal else "DIFFER",
+            tokens,
             self.verdict,
         )
 
@@ -178,49 +239,82 @@ class Starts:
         self.say = say
         self.count = 0
 
-    def other_model(self) -> Path:
-        """The model with one more, undeclared, attribute in its config."""
-        other = self.model.with_name("model-with-attribute")
-        if not other.exists():
-            shutil.copytree(self.model, other)
-            config = json.loads((other / "config.json").read_text())
-            config["vllm_fork_bench_attribute"] = 2
-            (other / "config.json").write_text(json.dumps(config, indent=1))
-        return other
-
     def start(
         self,
         root: Path,
         tree: Path | None = None,
         cwd: Path | None = None,
         prefix: tuple[str, ...] = (),
-        **change,
-    ) -> engine.Run:
+        model: Path | None = None,
+        args: dict | None = None,
+        env: dict | None = None,
+        served_name: str | None = None,
+    ) -> engine.Run | engine.ServerStart:
+        """``LLM(...)``, or the API server where ``served_name`` is given
+        (``""``: the model's path)."""
         self.count += 1
-        args, env = change.get("args", {}), change.get("env", {})
-        model = self.other_model() if change.get("hf_attribute") else self.model
         environment = engine.environment(
             tree or self.tree,
             root,
             TORCHINDUCTOR_CACHE_DIR=str(root.parent / "inductor"),
             **engine.AOT_COMPILE,
-            **env,
+            **(env or {}),
         )
         log = self.work / f"start-{self.count}.log"
         self.say(f"start {self.count}: {log.name}")
+        if served_name is not None:
+            return engine.serve_once(
+                self.python, model or self.model, environment, log, served_name
+            )
         return engine.run_engine(
-            self.python, model, environment, log, cwd or self.work, prefix, **args
+            self.python,
+            model or self.model,
+            environment,
+            log,
+            cwd or self.work,
+            prefix,
+            **(args or {}),
         )
 
 
-def run_cell(cell: Cell, starts: Starts, relabeled: Path | None) -> Outcome:
+def with_attribute(model: Path, copy: Path, value: int | None) -> Path:
+    """``copy``, a copy of ``model`` whose config.json has the undeclared
+    attribute at ``value`` (absent when None)."""
+    if not copy.exists():
+        shutil.copytree(model, copy)
+    config = json.loads((copy / "config.json").read_text())
+    config.pop(HF_ATTRIBUTE, None)
+    if value is not None:
+        config[HF_ATTRIBUTE] = value
+    (copy / "config.json").write_text(json.dumps(config, indent=1))
+    return copy
+
+
+HF_ATTRIBUTE = "vllm_fork_bench_attribute"
+
+
+def died_of(log: Path) -> str:
+    """The last exception line of a start's log."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines = re.findall(r"^\w+(?:\.\w+)*(?:Error|Exception)\b.*$", text, re.M)
+    return lines[-1][:120] if lines else "no exception in its log"
+
+
+def run_cell(
+    cell: Cell, starts: Starts, relabeled: Path | None, wheel: Path | None = None
+) -> Outcome:
     """A cold, then B on A's root; B's tokens against B cold on an empty root."""
     # Inductor links through a shell command: a quote in a path breaks it.
     work = starts.work / re.sub(r"[^A-Za-z0-9]+", "-", cell.name).strip("-")
     work.mkdir(parents=True)
     root = work / "a" / "root"
     root.mkdir(parents=True)
-    first = starts.start(root)
+    served = "" if cell.server else None
+    model = None
+    if cell.hf_attribute:
+        model = with_attribute(starts.model, work / "model", cell.hf_attribute[0])
+    a = {"args": cell.first, "env": cell.both, "model": model, "served_name": served}
+    first = starts.start(root, **a)
     before = aot_dirs(root)
     if cell.move_root:
         moved = work / "b" / "root"
@@ -231,31 +325,46 @@ def run_cell(cell: Cell, starts: Starts, relabeled: Path | None) -> Outcome:
     cwd = work / "elsewhere" if cell.other_cwd else None
     if cwd:
         cwd.mkdir()
-    b_tree = relabeled if cell.relabel else None
-    env = dict(cell.env)
+    b_tree = relabeled if cell.relabel else wheel if cell.wheel else None
+    env = {**cell.both, **cell.env}
     if cell.other_home:
         env["HOME"] = str(work / "another-home")
         Path(env["HOME"]).mkdir()
-    change = {"args": cell.args, "env": env, "hf_attribute": cell.hf_attribute}
+    if cell.hf_attribute:
+        with_attribute(starts.model, model, cell.hf_attribute[1])
+    b = {
+        "args": cell.args,
+        "env": env,
+        "model": model,
+        "served_name": "another-name" if cell.server else None,
+    }
     prefix = OTHER_HOST if cell.namespaces else ()
-    second = starts.start(root, b_tree, cwd, prefix, **change)
+    try:
+        second = starts.start(root, b_tree, cwd, prefix, **b)
+    except ForkError:
+        log = starts.work / f"start-{starts.count}.log"
+        events = engine.log_events(log.read_text(errors="replace"))
+        return _outcome(cell, before, aot_dirs(root), events, False, died_of(log))
     after = aot_dirs(root)
-    # A run of other settings needs its own cold reference; a run elsewhere not.
-    changed_run = bool(cell.args or cell.env or cell.relabel or cell.hf_attribute)
-    if changed_run:
+    if cell.b_runs_otherwise:
         fresh = work / "c" / "root"
         fresh.mkdir(parents=True)
-        reference = starts.start(fresh, b_tree, **change)
+        reference = starts.start(fresh, b_tree, **b)
     else:
         reference = first
-    events = second.events
+    equal = second.tokens == reference.tokens
+    return _outcome(cell, before, after, second.events, equal)
+
+
+def _outcome(cell, before, after, events, tokens_equal, died="") -> Outcome:
     return Outcome(
         cell,
         "",
         same_dir=after == before,
         loaded=events[engine.AOT_LOADED] > 0,
         compiled=events[engine.AOT_SAVED] > 0 or events[engine.RECOMPILED] > 0,
-        tokens_equal=(second.base, second.lora) == (reference.base, reference.lora),
+        tokens_equal=tokens_equal,
+        died=died,
     )
 
 
@@ -289,6 +398,27 @@ def warm_load_commit(tree: Path, base: Base) -> str:
         ).stdout.strip()
 
 
+def wheel_site(base: Base, work: Path) -> Path:
+    """The fork wheel ``make wheel`` builds for this machine, its files
+    unpacked as an installer lays them out in another environment, without
+    its CUDA kernels: this machine cannot load them, and every start loads
+    the CPU build's kernels instead, as the tree's starts do."""
+    from forktools import wheel
+
+    dist = work / "dist"
+    built = wheel.build(base, base.wheel_for_this_machine(), dist)
+    site = work / "site-packages"
+    with zipfile.ZipFile(built.path) as archive:
+        members = [
+            name
+            for name in archive.namelist()
+            if name.startswith("vllm/") and not name.endswith(".so")
+        ]
+        archive.extractall(site, members)
+    shutil.rmtree(dist)
+    return site
+
+
 def measure(base: Base, say: Callable[[str], None]) -> list[Outcome] | None:
     """Every selected cell on the fork tree and on pristine with the warm-load
     fix; None when the base pins no engine."""
@@ -312,16 +442,17 @@ def measure(base: Base, say: Callable[[str], None]) -> list[Outcome] | None:
             (relabeled / materialize.VERSION_FILE).write_text(
                 materialize._version_module(relabeled_label(base), "bench")
             )
+            site = wheel_site(base, work) if any(c.wheel for c in cells) else None
             for name, checkout in zip(TREES, (fork, plain), strict=True):
                 starts = Starts(
                     python, work / "model", checkout, work / name.split("+")[0], say
                 )
                 starts.work.mkdir()
                 for cell in cells:
-                    if cell.relabel and name != "fork":
-                        continue  # pristine's version is the release's
+                    if (cell.relabel or cell.wheel) and name != "fork":
+                        continue  # the fork's label and wheel; pristine has neither
                     say(f"{base.name} {name}: {cell.name}")
-                    outcome = run_cell(cell, starts, relabeled)
+                    outcome = run_cell(cell, starts, relabeled, site)
                     outcome.tree = name
                     outcomes.append(outcome)
     except ForkError as error:

@@ -67,6 +67,10 @@ class Run:
     log: Path
     events: dict[str, int] = field(default_factory=dict)
 
+    @property
+    def tokens(self) -> tuple:
+        return self.base, self.lora
+
 
 def make_model(python: Path, directory: Path) -> dict:
     """Write the tiny model, tokenizer and adapter; returns HF's tokens."""
@@ -110,13 +114,23 @@ class ServerStart:
     log: Path
     events: dict[str, int]
 
+    @property
+    def tokens(self) -> str:
+        return self.answer
+
 
 def serve_once(
-    python: Path, model: Path, env: dict[str, str], log: Path
+    python: Path,
+    model: Path,
+    env: dict[str, str],
+    log: Path,
+    served_name: str = "",
 ) -> ServerStart:
-    """Start the OpenAI API server on ``model``, time it until ``/health``
-    answers, ask it for one greedy completion, and stop it."""
+    """Start the OpenAI API server on ``model`` (named ``served_name`` to
+    clients, when given), time it until ``/health`` answers, ask it for one
+    greedy completion, and stop it."""
     port = _free_port()
+    naming = [f"--served-model-name={served_name}"] if served_name else []
     command = [
         str(python),
         "-m",
@@ -125,6 +139,7 @@ def serve_once(
         f"--port={port}",
         "--max-model-len=128",
         "--dtype=float32",
+        *naming,
     ]
     url = f"http://127.0.0.1:{port}"
     with open(log, "w") as output:
@@ -134,7 +149,7 @@ def serve_once(
         )
         try:
             ready_s = _wait_until_healthy(server, url, started, log)
-            answer = _complete(url, model, PROMPTS[0])
+            answer = _complete(url, served_name or str(model), PROMPTS[0])
         finally:
             server.terminate()
             try:
@@ -166,8 +181,8 @@ def _wait_until_healthy(
     raise ForkError(f"the server did not start in {SERVER_START_SECONDS} s; see {log}")
 
 
-def _complete(url: str, model: Path, prompt: list[int]) -> str:
-    body = {"model": str(model), "prompt": prompt, "max_tokens": 6, "temperature": 0}
+def _complete(url: str, model: str, prompt: list[int]) -> str:
+    body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0}
     request = urllib.request.Request(
         f"{url}/v1/completions",
         data=json.dumps(body).encode(),

@@ -16,8 +16,11 @@ gives for fixed prompts, without and with the adapter merged.
 start, and writes the greedy tokens without and with the adapter; each
 ``ARG=VALUE`` after OUT is one more engine argument, a whole number where it
 is one (``tensor_parallel_size=2``; ``enable_lora=0`` runs without LoRA;
-``dtype=bfloat16`` replaces float32). The engine core is a spawned process,
-hence the ``__main__`` guard.
+``dtype=bfloat16`` replaces float32; ``adapters=3`` serves two more adapters
+after the first, each loaded at runtime; ``unwrapped=NAME`` leaves that LoRA
+target unwrapped, in this process: it needs
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``). The engine core is otherwise a spawned
+process, hence the ``__main__`` guard.
 """
 
 from __future__ import annotations
@@ -144,6 +147,9 @@ def generate(directory: Path, out: Path, **engine_args: int) -> None:
 
     lora = bool(engine_args.pop("enable_lora", 1))
     dtype = engine_args.pop("dtype", "float32")
+    adapters = engine_args.pop("adapters", 1)
+    if unwrapped := engine_args.pop("unwrapped", ""):
+        _leave_unwrapped(unwrapped)
     started = time.monotonic()
     llm = LLM(
         model=str(directory),
@@ -163,6 +169,9 @@ def generate(directory: Path, out: Path, **engine_args: int) -> None:
         if lora
         else []
     )
+    for number in range(2, adapters + 1):
+        more = LoRARequest(f"adapter{number}", number, str(directory / ADAPTER))
+        llm.generate(prompts, params, lora_request=more, use_tqdm=False)
     result = {
         "startup_s": startup,
         "base": base,
@@ -171,6 +180,18 @@ def generate(directory: Path, out: Path, **engine_args: int) -> None:
         "kernels": importlib.util.find_spec("vllm._C").origin,
     }
     out.write_text(json.dumps(result, indent=1))
+
+
+def _leave_unwrapped(module_name: str) -> None:
+    """LoRA wraps every target but ``module_name`` (issue 55383's run A)."""
+    from vllm.lora.model_manager import LoRAModelManager
+
+    match_target_modules = LoRAModelManager._match_target_modules
+
+    def match_all_but_one(self, name: str) -> bool:
+        return name != module_name and match_target_modules(self, name)
+
+    LoRAModelManager._match_target_modules = match_all_but_one
 
 
 def _tokens(outputs) -> list[list[int]]:

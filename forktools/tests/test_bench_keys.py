@@ -53,19 +53,34 @@ def test_cells_are_picked_by_name(monkeypatch):
 class _Starts:
     """Engine starts that make hash directories as a key would."""
 
-    def __init__(self, work, key):
-        self.work, self.key, self.count = work, key, 0
+    def __init__(self, work, key, dies=False):
+        self.work, self.key, self.count, self.dies = work, key, 0, dies
+        self.model = work / "model"
+        self.model.mkdir(exist_ok=True)
+        (self.model / "config.json").write_text('{"hidden_size": 128}')
+        self.seen = []
 
     def start(self, root, tree=None, cwd=None, prefix=(), **change):
         self.count += 1
+        self.seen.append(dict(change, tree=tree))
         aot = root / "torch_compile_cache" / "torch_aot_compile"
-        name = self.key(root, tree, cwd, dict(change, prefix=prefix))
+        config = (change.get("model") or self.model) / "config.json"
+        change = dict(change, prefix=prefix, config=config.read_text())
+        name = self.key(root, tree, cwd, change)
         loaded = (aot / name).exists()
         (aot / name).mkdir(parents=True, exist_ok=True)
         event = engine.AOT_LOADED if loaded else engine.AOT_SAVED
         events = {engine.AOT_LOADED: 0, engine.AOT_SAVED: 0, engine.RECOMPILED: 0}
         events[event] = 1
-        tokens = [[len(str(change.get("args") or {}))]]
+        if self.dies and self.count == 2:
+            log = self.work / f"start-{self.count}.log"
+            log.write_text(f"{events}\n" + "\n".join(k * v for k, v in events.items()))
+            log.write_text(log.read_text() + "\nKeyError: 'weight'\n")
+            raise ForkError("the start failed")
+        # Adapters served after the start change no token of the first one.
+        args = change.get("args") or {}
+        settings = {k: v for k, v in args.items() if k not in bench_keys.RUNTIME_ONLY}
+        tokens = [[len(str(settings))]]
         return engine.Run(1.0, 1.0, tokens, [], "", "", root / "log", events)
 
 
@@ -79,8 +94,15 @@ class _Starts:
         (Cell("another user's HOME", "load", other_home=True), "fixed", "ok"),
         (Cell("another hostname", "load", namespaces=True), "host", "FALSE MISS"),
         (COMPILE, "fixed", "FALSE HIT"),
-        (Cell("hf", "compile", hf_attribute=True), "fixed", "FALSE HIT"),
-        (Cell("hf", "compile", hf_attribute=True), "hf", "ok"),
+        (Cell("hf", "compile", hf_attribute=(None, 2)), "fixed", "FALSE HIT"),
+        (Cell("hf", "compile", hf_attribute=(None, 2)), "hf", "ok"),
+        (Cell("hf", "compile", hf_attribute=(1, 2)), "hf", "ok"),
+        (Cell("hf", "compile", hf_attribute=(1, 2)), "model", "FALSE HIT"),
+        (Cell("wrapped", "compile", first={"unwrapped": "x"}), "args", "ok"),
+        (Cell("wrapped", "compile", first={"unwrapped": "x"}), "fixed", "FALSE HIT"),
+        (Cell("adapters", "load", first={"adapters": 3}), "fixed", "ok"),
+        (Cell("wheel", "load", wheel=True), "tree", "FALSE MISS"),
+        (Cell("wheel", "load", wheel=True), "fixed", "ok"),
         (COMPILE, "args", "ok"),
     ],
 )
@@ -92,10 +114,41 @@ def test_a_cell_runs_a_then_b_on_as_root(tmp_path, cell, key, verdict):
         "args": lambda root, tree, cwd, change: str(hash(str(change.get("args")))),
         "home": lambda root, tree, cwd, change: str(hash(str(change.get("env")))),
         "host": lambda root, tree, cwd, change: str(len(change["prefix"])),
-        "hf": lambda root, tree, cwd, change: str(bool(change.get("hf_attribute"))),
+        "hf": lambda root, tree, cwd, change: str(hash(change["config"])),
+        "model": lambda root, tree, cwd, change: str(change.get("model")),
+        "tree": lambda root, tree, cwd, change: str(tree),
     }
-    outcome = bench_keys.run_cell(cell, _Starts(tmp_path, keys[key]), None)
+    starts = _Starts(tmp_path, keys[key])
+    outcome = bench_keys.run_cell(cell, starts, None, tmp_path / "site")
     assert outcome.verdict == verdict
+    if cell.wheel:
+        assert [seen["tree"] for seen in starts.seen] == [None, tmp_path / "site"]
+
+
+def test_a_start_runs_a_then_b_with_their_own_settings(tmp_path):
+    cell = Cell(
+        "wrapped", "compile", first={"unwrapped": "x"}, both={"ONE": "1"}, env={"B": "2"}
+    )
+    starts = _Starts(tmp_path, lambda root, tree, cwd, change: "k")
+    bench_keys.run_cell(cell, starts, None)
+    a, b, reference = starts.seen
+    assert (a["args"], a["env"]) == ({"unwrapped": "x"}, {"ONE": "1"})
+    assert (b["args"], b["env"]) == ({}, {"ONE": "1", "B": "2"})
+    assert reference == b
+
+
+def test_a_server_cell_names_the_model_otherwise_for_b(tmp_path):
+    cell = Cell("port", "load", server=True)
+    starts = _Starts(tmp_path, lambda root, tree, cwd, change: "k")
+    assert bench_keys.run_cell(cell, starts, None).verdict == "ok"
+    assert [seen["served_name"] for seen in starts.seen] == ["", "another-name"]
+
+
+def test_b_that_dies_after_loading_as_artifact_is_a_false_hit(tmp_path):
+    starts = _Starts(tmp_path, lambda root, tree, cwd, change: "k", dies=True)
+    outcome = bench_keys.run_cell(COMPILE, starts, None)
+    assert outcome.verdict == "FALSE HIT"
+    assert outcome.cells()[6] == "B died: KeyError: 'weight'"
 
 
 def test_a_test_only_update_keeps_the_label(project):
@@ -136,12 +189,16 @@ def test_the_matrix_keeps_the_sections_of_bases_not_measured(tmp_path, monkeypat
     assert "\nold\n" in text and "\nnew\n" in text
 
 
-def test_the_other_model_has_one_more_config_attribute(tmp_path):
+def test_the_model_of_an_attribute_cell_is_rewritten_in_place(tmp_path):
     import json
 
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"hidden_size": 128}')
-    starts = bench_keys.Starts(tmp_path / "python", model, tmp_path, tmp_path, print)
-    other = json.loads((starts.other_model() / "config.json").read_text())
-    assert other == {"hidden_size": 128, "vllm_fork_bench_attribute": 2}
+    copy = bench_keys.with_attribute(model, tmp_path / "copy", 1)
+    assert bench_keys.with_attribute(model, copy, None) == copy
+    assert json.loads((copy / "config.json").read_text()) == {"hidden_size": 128}
+    bench_keys.with_attribute(model, copy, 2)
+    config = json.loads((copy / "config.json").read_text())
+    assert config == {"hidden_size": 128, bench_keys.HF_ATTRIBUTE: 2}
+    assert json.loads((model / "config.json").read_text()) == {"hidden_size": 128}
