@@ -56,11 +56,8 @@ def declared_symptoms(base: Base) -> list[str]:
         for problem in symptoms.problems(proof.without_fix, declared)
     ]
     if proofs:
-        run = {
-            symptoms.function_of(nodeid)
-            for proof in proofs.values()
-            for nodeid in proof.without_fix.calls
-        }
+        nodeids = {n for proof in proofs.values() for n in proof.without_fix.calls}
+        run = nodeids | {symptoms.function_of(nodeid) for nodeid in nodeids}
         found += [
             f"{declared.path}: declares {test}, which no patch's tests run; "
             "remove it or correct its name"

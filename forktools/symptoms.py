@@ -1,12 +1,17 @@
 """What each test shows without its fix: ``patches/<base>/symptoms.toml``.
 
 ``make verify`` counts a failure without the fix only where it is the bug's
-own symptom: the exception type its test function declares, with a message
-that its pattern matches (``re.search`` over what the ledger keeps: the
-message's start and its end, where a child process's exception is). A test
-that cannot fail on its bug is declared ``no_regression``, saying why; it
-must pass without the fix and is not counted. The declarations are read on
-every run, not kept in the ledger's keys: changing them proves nothing again.
+own symptom: the exception type its test declares, with a message that its
+pattern matches (``re.search`` over what the ledger keeps: the message's
+start and its end, where a child process's exception is). A declaration
+names a test function, or one case of it (``test_x[mega-root]``), which
+then wins over the function's: cases that fail differently each say how.
+A test that cannot fail on its bug is declared ``no_regression``, saying
+why; it must pass without the fix and is not counted. So is a case that
+passes without the fix where other cases of its function fail: it says on
+its own why it cannot bite, or it is a toothless case nobody noticed. The
+declarations are read on every run, not kept in the ledger's keys:
+changing them proves nothing again.
 """
 
 from __future__ import annotations
@@ -72,14 +77,21 @@ def function_of(nodeid: str) -> str:
     return nodeid.partition("[")[0]
 
 
+def symptom_of(nodeid: str, declared: Declared) -> Symptom | None:
+    """The case's own declaration, else its function's."""
+    symptoms = declared.symptoms
+    return symptoms.get(nodeid) or symptoms.get(function_of(nodeid))
+
+
 def problems(without: Outcome, declared: Declared) -> list[str]:
     """Each failure without the fix that is not its test's declared symptom,
-    and each test function that passes without a no-regression label."""
-    found, failing = [], set()
+    each test function that passes without a no-regression label, and each
+    passing case of a function that fails elsewhere without one of its own."""
+    found = []
+    failing = {function_of(nodeid) for nodeid in without.failures}
     for nodeid, failure in without.failures.items():
-        failing.add(function_of(nodeid))
         kind, _, message = failure.partition(": ")
-        symptom = declared.symptoms.get(function_of(nodeid))
+        symptom = symptom_of(nodeid, declared)
         said = f"{kind}: {message.splitlines()[0][:160]}" if message else kind
         if symptom is None:
             found.append(f"{nodeid} failed ({said}): no symptom in {declared.path}")
@@ -93,13 +105,24 @@ def problems(without: Outcome, declared: Declared) -> list[str]:
                 f"{nodeid} failed with {said}, not its declared symptom "
                 f"{symptom.exception} matching {symptom.message!r}"
             )
-    for function in sorted({function_of(n) for n in without.calls} - failing):
-        symptom = declared.symptoms.get(function)
-        if symptom is None or not symptom.no_regression:
+    toothless = set()
+    for nodeid in sorted(set(without.calls) - set(without.failures)):
+        symptom = symptom_of(nodeid, declared)
+        if symptom is not None and symptom.no_regression:
+            continue
+        if function_of(nodeid) in failing:
             found.append(
-                f"{function} passes without the fix: make it fail there, or say "
-                f"why it cannot (no_regression) in {declared.path}"
+                f"{nodeid} passes without the fix while other cases of it fail: "
+                f'declare ["{nodeid}"] no_regression in {declared.path}, saying '
+                "why this case cannot fail on its bug, or make it bite"
             )
+        else:
+            toothless.add(function_of(nodeid))
+    found += [
+        f"{function} passes without the fix: make it fail there, or say "
+        f"why it cannot (no_regression) in {declared.path}"
+        for function in sorted(toothless)
+    ]
     return found
 
 

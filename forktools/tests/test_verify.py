@@ -80,6 +80,42 @@ def test_judge_takes_a_declared_symptom_and_no_other_crash():
     )
 
 
+def test_a_case_declared_on_its_own_wins_over_its_function():
+    without = Outcome(
+        {"t.py::test_a[x]": "failed", "t.py::test_a[y]": "failed"},
+        {
+            "t.py::test_a[x]": "OSError: [Errno 20] Not a directory: '/c'",
+            "t.py::test_a[y]": "OSError: [Errno 17] File exists: '/c'",
+        },
+        [],
+    )
+    function = Symptom("OSError", r"Errno 20\] Not a directory")
+    declared = _declared(**{"t.py::test_a": function})
+    assert symptoms.problems(without, declared) == [
+        "t.py::test_a[y] failed with OSError: [Errno 17] File exists: '/c', not its "
+        "declared symptom OSError matching 'Errno 20\\\\] Not a directory'"
+    ]
+    y = Symptom("OSError", r"Errno 17\] File exists")
+    declared = _declared(**{"t.py::test_a": function, "t.py::test_a[y]": y})
+    assert symptoms.problems(without, declared) == []
+
+
+def test_a_case_that_passes_while_its_siblings_fail_says_why():
+    without = Outcome(
+        {"t.py::test_a[x]": "failed", "t.py::test_a[y]": "passed"},
+        {"t.py::test_a[x]": "AssertionError: assert 3 == 33"},
+        [],
+    )
+    declared = _declared(**{"t.py::test_a": THREE})
+    [problem] = symptoms.problems(without, declared)
+    assert problem.startswith(
+        "t.py::test_a[y] passes without the fix while other cases of it fail: "
+        'declare ["t.py::test_a[y]"] no_regression in patches/v9/symptoms.toml'
+    )
+    spared = _declared(**{"t.py::test_a": THREE, "t.py::test_a[y]": SPARED})
+    assert symptoms.problems(without, spared) == []
+
+
 def test_judge_rejects_tests_that_do_not_bite():
     assert "do not bite" in verify._judge(_outcome({"a": "passed"}), _outcome({"a": "passed"}))
 
@@ -167,7 +203,11 @@ def test_judge_names_a_variant_that_does_not_bite():
     )
     assert "[split]" in verify._judge(with_fix, without, declared)
     without = _outcome({**without.calls, "t.py::test_b[split]": "failed"})
-    assert verify._judge(with_fix, without, declared) == ""
+    assert "t.py::test_a[split] passes without the fix while other cases" in (
+        verify._judge(with_fix, without, declared)
+    )
+    spared = _declared(**declared.symptoms, **{"t.py::test_a[split]": SPARED})
+    assert verify._judge(with_fix, without, spared) == ""
     lines = verify._variant_lines(
         verify.Row("b", "p", 2, with_fix, without, 1.0, nodeids=["t.py::test_a"])
     )
