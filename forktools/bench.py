@@ -600,7 +600,9 @@ def keys(bases: list[Base]) -> list[Row]:
     runtime, a fork update that rewords only a test patch and its message
     (B runs the label the tooling gives that queue). Should compile: LoRA
     partly, then fully wrapped (issue 55383; the engine core in-process so
-    that A's patch reaches it), LoRA off, a changed Inductor setting,
+    that A's patch reaches it), LoRA off, the model split into two pipeline
+    stages (B's first stage saves under ``rank_0_0`` as A's whole model
+    did), a changed Inductor setting,
     another dtype, an attribute ``LlamaConfig`` does not declare added to,
     or changed in, ``config.json`` at the same path. For B: whether it got
     A's ``torch_aot_compile/<hash>`` directory, loaded, compiled, and

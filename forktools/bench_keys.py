@@ -97,6 +97,10 @@ class Cell:
 RUNTIME_ONLY = {"adapters"}
 UNWRAPPED = "model.layers.1.self_attn.qkv_proj"
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+# Ranks in worker processes, one core each (unbound, the CPU worker asserts
+# "Not enough allowed NUMA nodes"); LoRA off, as the ranks engine test runs.
+ONE_STAGE = {"enable_lora": 0, "distributed_executor_backend": "mp"}
+RANK_PER_CORE = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 CELLS = (
     Cell("restart", "load", why="the same start again"),
     Cell(
@@ -147,6 +151,15 @@ CELLS = (
         why=f"55383: A leaves {UNWRAPPED} unwrapped",
     ),
     Cell("LoRA on, then off", "compile", args={"enable_lora": 0}),
+    Cell(
+        "the model split into two pipeline stages",
+        "compile",
+        first=ONE_STAGE,
+        args={**ONE_STAGE, "pipeline_parallel_size": 2},
+        both=RANK_PER_CORE,
+        why="B's first stage saves under rank_0_0 as A's whole model did; stage "
+        "against stage is the ranks engine test's",
+    ),
     Cell(
         "a changed Inductor setting",
         "compile",
