@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools import engine, git, materialize, queue, venv
+from forktools import download, engine, git, materialize, queue, venv
 from forktools.pins import Base, ForkError
 
 CELLS_ENV = "VLLM_FORK_BENCH_CELLS"
@@ -307,10 +307,12 @@ HF_ATTRIBUTE = "vllm_fork_bench_attribute"
 
 
 def died_of(log: Path) -> str:
-    """The last exception line of a start's log."""
+    """The last exception a start's log names (a traceback's last line, or
+    an engine process's error line), else its last line."""
     text = log.read_text(errors="replace") if log.exists() else ""
-    lines = re.findall(r"^\w+(?:\.\w+)*(?:Error|Exception)\b.*$", text, re.M)
-    return lines[-1][:120] if lines else "no exception in its log"
+    named = re.findall(r"\b([A-Z]\w*(?:Error|Exception)(?:: .*)?)$", text, re.M)
+    lines = named or [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip()[:120] if lines else "an empty log"
 
 
 def run_cell(
@@ -356,6 +358,10 @@ def run_cell(
         second = starts.start(root, b_tree, cwd, prefix, **b)
     except ForkError:
         log = starts.work / f"start-{starts.count}.log"
+        kept = download.cache_dir() / "logs" / f"bench-keys-{work.name}-{log.name}"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, kept)
+        starts.say(f"B died; its log is kept in {kept}")
         events = engine.log_events(log.read_text(errors="replace"))
         return _outcome(cell, before, aot_dirs(root), events, False, died_of(log))
     after = aot_dirs(root)

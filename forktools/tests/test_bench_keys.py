@@ -55,6 +55,7 @@ class _Starts:
 
     def __init__(self, work, key, dies=False):
         self.work, self.key, self.count, self.dies = work, key, 0, dies
+        self.say = print
         self.model = work / "model"
         self.model.mkdir(exist_ok=True)
         (self.model / "config.json").write_text('{"hidden_size": 128}')
@@ -144,11 +145,14 @@ def test_a_server_cell_names_the_model_otherwise_for_b(tmp_path):
     assert [seen["served_name"] for seen in starts.seen] == ["", "another-name"]
 
 
-def test_b_that_dies_after_loading_as_artifact_is_a_false_hit(tmp_path):
+def test_b_that_dies_after_loading_as_artifact_is_a_false_hit(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_FORK_CACHE", str(tmp_path / "cache"))
     starts = _Starts(tmp_path, lambda root, tree, cwd, change: "k", dies=True)
     outcome = bench_keys.run_cell(COMPILE, starts, None)
     assert outcome.verdict == "FALSE HIT"
     assert outcome.cells()[6] == "B died: KeyError: 'weight'"
+    [kept] = (tmp_path / "cache" / "logs").iterdir()
+    assert kept.read_text().endswith("KeyError: 'weight'\n")
 
 
 def test_a_test_only_update_keeps_the_label(project):
