@@ -652,7 +652,8 @@ def _keys_sections() -> dict[str, str]:
     if KEYS_MATRIX.exists():
         for part in KEYS_MATRIX.read_text().split("\n### ")[1:]:
             name = part.split("\n", 1)[0].strip()
-            sections[name] = "### " + part.rstrip("\n") + "\n"
+            if name.startswith("v"):
+                sections[name] = "### " + part.rstrip("\n") + "\n"
     return sections
 
 
@@ -667,7 +668,16 @@ def _write_keys_matrix(sections: dict[str, str]) -> None:
         "with only the CPU warm-load patch.\n"
     )
     body = "\n".join(sections[name] for name in sorted(sections, reverse=True))
-    KEYS_MATRIX.write_text(f"{intro}\n{body}")
+    KEYS_MATRIX.write_text(f"{intro}\n{_keys_cells()}\n{body}")
+
+
+def _keys_cells() -> str:
+    """How each cell of the keys matrix is made."""
+    from forktools import bench_keys
+
+    rows = [f"| {c.name} | {c.expect} | {c.why} |" for c in bench_keys.CELLS]
+    head = "| cell | expect | how B differs from A |\n|---|---|---|"
+    return "### How each cell is made\n\n" + "\n".join([head, *rows]) + "\n"
 
 
 def fleet_phase(python: Path, tree: Path, work: Path, phase: str) -> list[dict]:

@@ -102,35 +102,52 @@ IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 ONE_STAGE = {"enable_lora": 0, "distributed_executor_backend": "mp"}
 RANK_PER_CORE = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 CELLS = (
-    Cell("restart", "load", why="the same start again"),
+    Cell(
+        "restart",
+        "load",
+        why="the same start again; A served its adapter, loaded at runtime",
+    ),
     Cell(
         "root copied to another path",
         "load",
         move_root=True,
-        why="a cache volume mounted elsewhere (52154)",
+        why="A's root copied to another path and removed; B on the copy, as a "
+        "cache volume mounted elsewhere (52154)",
     ),
-    Cell("another working directory", "load", other_cwd=True),
-    Cell("another user's HOME", "load", other_home=True, why="47573"),
+    Cell(
+        "another working directory",
+        "load",
+        other_cwd=True,
+        why="B started from another directory",
+    ),
+    Cell(
+        "another user's HOME",
+        "load",
+        other_home=True,
+        why="B with another HOME, so other VLLM_CONFIG_ROOT and XDG defaults (47573)",
+    ),
     Cell(
         "another hostname and PID",
         "load",
         namespaces=True,
-        why="UTS and PID namespaces, as containers of one image",
+        why="B in UTS and PID namespaces of its own (another hostname, the "
+        "engine PID 1), as containers of one image",
     ),
     Cell(
         "the wheel at another path",
         "load",
         wheel=True,
-        why="A from the fork's tree (pip install -e .), B from make wheel's "
-        "files in another folder",
+        why="A from a checkout of the fork's tree, as pip install -e . runs it; B "
+        "from make wheel's wheel unpacked in another folder (without its CUDA "
+        "kernels: both load the CPU build's)",
     ),
     Cell(
         "another port and served model name",
         "load",
         server=True,
-        why="vllm serve, B with --served-model-name",
+        why="A and B are vllm serve, each on a free port; B with --served-model-name",
     ),
-    Cell("another seed", "load", args={"seed": 1}),
+    Cell("another seed", "load", args={"seed": 1}, why="B with seed=1"),
     Cell(
         "a restart after adapters added at runtime",
         "load",
@@ -141,43 +158,52 @@ CELLS = (
         "fork update: a test patch and a message only",
         "load",
         relabel=True,
-        why="the label of the queue with its last fork-only test patch reworded",
+        why="B runs the version label the tooling gives the queue with its last "
+        "fork-only test patch and its message reworded",
     ),
     Cell(
         "LoRA partly, then fully wrapped",
         "compile",
         first={"unwrapped": UNWRAPPED},
         both=IN_PROCESS,
-        why=f"55383: A leaves {UNWRAPPED} unwrapped",
+        why=f"A leaves {UNWRAPPED} out of the LoRA targets (55383); the engine core "
+        "in-process for both, so that the patch reaches it",
     ),
-    Cell("LoRA on, then off", "compile", args={"enable_lora": 0}),
+    Cell(
+        "LoRA on, then off",
+        "compile",
+        args={"enable_lora": 0},
+        why="B with enable_lora=0",
+    ),
     Cell(
         "the model split into two pipeline stages",
         "compile",
         first=ONE_STAGE,
         args={**ONE_STAGE, "pipeline_parallel_size": 2},
         both=RANK_PER_CORE,
-        why="B's first stage saves under rank_0_0 as A's whole model did; stage "
-        "against stage is the ranks engine test's",
+        why="A the whole model, B pipeline_parallel_size=2, whose first stage saves "
+        "under rank_0_0 as A did (stage against stage: the ranks engine test); "
+        "LoRA off, the multiprocess executor, one core per rank, for both",
     ),
     Cell(
         "a changed Inductor setting",
         "compile",
         env={"TORCHINDUCTOR_SIZE_ASSERTS": "0"},
-        why="TORCHINDUCTOR_SIZE_ASSERTS=0 (fix 1)",
+        why="B with TORCHINDUCTOR_SIZE_ASSERTS=0 (fix 1)",
     ),
-    Cell("another dtype", "compile", args={"dtype": "bfloat16"}),
+    Cell("another dtype", "compile", args={"dtype": "bfloat16"}, why="B in bfloat16"),
     Cell(
         "an undeclared HF config attribute added",
         "compile",
         hf_attribute=(None, 2),
-        why="fix 2: an attribute LlamaConfig does not declare, in config.json",
+        why="B's config.json, at A's path, gains an attribute LlamaConfig does "
+        "not declare (fix 2)",
     ),
     Cell(
         "an undeclared HF config attribute changed",
         "compile",
         hf_attribute=(1, 2),
-        why="fix 2: its value in config.json changed",
+        why="that attribute's value in config.json goes from 1 to 2 (fix 2)",
     ),
 )
 

@@ -191,6 +191,8 @@ def test_the_matrix_keeps_the_sections_of_bases_not_measured(tmp_path, monkeypat
     text = (tmp_path / "keys.md").read_text()
     assert text.index("### v0.33.0") < text.index("### v0.19.1")
     assert "\nold\n" in text and "\nnew\n" in text
+    assert text.count("### How each cell is made") == 1
+    assert "| another seed | load | B with seed=1 |" in text
 
 
 def test_the_model_of_an_attribute_cell_is_rewritten_in_place(tmp_path):
