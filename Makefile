@@ -3,7 +3,7 @@ PYTHON ?= python3
 BASE ?=
 # A variable the targets do not read (a typo, `base=` for `BASE=`) would be
 # ignored silently: name it instead.
-known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH WIDE FIGURES CELLS FROM NO_LOCK ONTO
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH WIDE FIGURES CELLS FROM NO_LOCK ONTO
 given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 # Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
 passed_vars := MAKEFLAGS VLLM_% PIP_% UV_%
@@ -19,7 +19,7 @@ reads_export := BASE
 reads_check := BASE
 reads_fixes := BASE
 reads_status := BASE FETCH WIDE
-reads_verify := BASE JOBS FRESH AUDIT AUDIT_SEED HUNKS PATCH
+reads_verify := BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED HUNKS PATCH
 reads_read-only := BASE
 reads_lint := BASE
 reads_wheel := BASE ALL NO_LOCK
@@ -27,7 +27,7 @@ reads_lock := BASE FROM
 reads_venv := BASE
 reads_engine := BASE SMOKE
 reads_test-tooling :=
-reads_test := BASE JOBS FRESH AUDIT AUDIT_SEED
+reads_test := BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED
 reads_pr := BASE PATCH ONTO
 reads_rebase := TO PROBE PORTED
 reads_bench := BASE FIGURES CELLS
@@ -40,7 +40,7 @@ endif
 on = $(filter-out 0 no No NO false False FALSE off Off OFF,$(1))
 base_arg = $(if $(BASE),--base $(BASE))
 jobs_arg = $(if $(JOBS),--jobs $(JOBS))
-proof_args = $(if $(call on,$(FRESH)),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
+proof_args = $(if $(call on,$(FRESH)),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_MINUTES),--audit-minutes $(AUDIT_MINUTES)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
 forktools = $(PYTHON) -m forktools
 
 .PHONY: help fork export check fixes status verify read-only lint test test-tooling venv lock engine pr bench rebase wheel
@@ -69,8 +69,8 @@ fixes: ## the paths of BASE's patches that change vllm/, in order, for git am (t
 status: ## one base's patches, fix or test, upstream status, newer releases (WIDE=1: every base, full width; FETCH=1: download what that needs)
 	$(forktools) status $(base_arg) $(if $(call on,$(WIDE)),--wide) $(if $(call on,$(FETCH)),--fetch)
 
-verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT=n rows proved again; JOBS=n; HUNKS=1 [PATCH=n]: each fix hunk reverted alone)
-	$(if $(and $(PATCH),$(if $(call on,$(HUNKS)),,no)),$(error PATCH=$(PATCH) goes with HUNKS=1 (make verify HUNKS=1 PATCH=n); verify also reads BASE JOBS FRESH AUDIT AUDIT_SEED))
+verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT_MINUTES=m of reused rows proved again, 10 by default; JOBS=n; HUNKS=1 [PATCH=n]: each fix hunk reverted alone)
+	$(if $(and $(PATCH),$(if $(call on,$(HUNKS)),,no)),$(error PATCH=$(PATCH) goes with HUNKS=1 (make verify HUNKS=1 PATCH=n); verify also reads BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED))
 	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args) $(if $(call on,$(HUNKS)),--hunks $(if $(PATCH),--patch $(PATCH)))
 
 read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip

@@ -96,6 +96,7 @@ def cmd_verify(args) -> int:
         fresh=args.fresh,
         audit=args.audit,
         seed=args.audit_seed,
+        audit_minutes=args.audit_minutes,
     )
 
 
@@ -339,7 +340,19 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _minutes(text: str) -> float:
+    try:
+        minutes = float(text)
+    except ValueError:
+        minutes = -1.0
+    if minutes < 0:
+        raise argparse.ArgumentTypeError(f"not a number of minutes: {text!r}")
+    return minutes
+
+
 def parser() -> argparse.ArgumentParser:
+    from forktools.verify import AUDIT_MINUTES
+
     top = argparse.ArgumentParser(
         prog="python -m forktools",
         description="Carry vLLM fork patches as queues on pinned upstream releases.",
@@ -445,15 +458,22 @@ def parser() -> argparse.ArgumentParser:
         command.add_argument(
             "--audit",
             type=_count,
-            default=1,
-            help="reused ledger rows to prove again, picked at random, failing "
-            "when one differs from its record (default: 1)",
+            help="instead of the rotation: this many reused ledger rows to prove "
+            "again, picked at random",
+        )
+        command.add_argument(
+            "--audit-minutes",
+            type=_minutes,
+            default=AUDIT_MINUTES,
+            help="wall-clock minutes for proving reused rows again (both halves), "
+            "the run's own proofs spending them first; failing when one differs "
+            "from its record (default: %(default)g)",
         )
         command.add_argument(
             "--audit-seed",
             type=_count,
-            help="the seed that picks the audited rows (default: a random one, "
-            "printed)",
+            help="the rotation's turn (default: the commit count), or with "
+            "--audit the seed that picks rows (default: a random one); printed",
         )
     sub.choices["verify"].add_argument(
         "--hunks",

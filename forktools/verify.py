@@ -7,13 +7,18 @@ symptom (``forktools/symptoms.py``), nothing erroring in collection or
 setup. A test-only commit names a patch that puts the bug back instead,
 ``patches/<base>/verify/<patch>.without-fix.diff``.
 
-The with-fix half runs every time, so the tree that ships is always tested.
-The without-fix half is a fact about exact inputs, kept in the base's proof
-ledger (``forktools/ledger.py``) and proved again only when a row's key
-changed, or for every row with ``fresh``. Each run
-also proves ``audit`` reused rows again, picked at random, and fails naming
-any whose observation differs from its record. Runs are scheduled across the
-CPUs longest first, rows of all bases side by side.
+Both halves are facts about exact inputs (the trees with and without the
+fix, the locked environments, the harness, the proof code, the tests), kept
+in the base's proof ledger (``forktools/ledger.py``) under one key and
+proved again only when a row's key changed, or for every row with
+``fresh``: a test result is an action output, as a build cache keeps it.
+Each run also audits reused rows, both halves again, within a budget of
+wall-clock minutes that the change's own proofs spend first; the rows come
+from a rotation over the commit count, so that consecutive commits audit
+every row in turn (``audit_groups``). An audit fails naming the row and
+what differs from its record, or a fresh failure that is not its test's
+declared symptom. ``audit=n`` picks n rows at random instead. Runs are
+scheduled across the CPUs longest first, rows of all bases side by side.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from forktools.prove import Outcome, variant_of
 from forktools.table import render
 
 UNKNOWN_SECONDS = 300.0  # a row's tests, with or without its fix
+AUDIT_MINUTES = 10.0  # the audit's default wall-clock budget
 
 
 @dataclass
@@ -155,7 +161,7 @@ def plan(runs: list[BaseRun], workers: int) -> list[str]:
         rows = run.rows()
         proving = [p for p in rows if p.why]
         audited = [p for p in rows if p.audited]
-        seconds = sum(_estimate(p) * (1 + p.proves) for p in rows if p.subject.tests)
+        seconds = sum(_cost(p) for p in rows if p.subject.tests and p.proves)
         total += seconds
         said = f", {len(audited)} of them audited" if audited else ""
         lines.append(
@@ -199,13 +205,71 @@ def _why(inputs: ledger.Inputs, recorded: Proof | None, fresh: bool) -> str:
     return ""
 
 
+def _reused(runs: list[BaseRun]) -> list[Planned]:
+    return [p for run in runs for p in run.rows() if not p.why and p.subject.tests]
+
+
 def pick_audits(runs: list[BaseRun], count: int, seed: int) -> list[Planned]:
     """``count`` reused rows, at random, to prove again."""
-    reused = [p for run in runs for p in run.rows() if not p.why and p.subject.tests]
+    reused = _reused(runs)
     picked = random.Random(seed).sample(reused, min(count, len(reused)))
     for planned in picked:
         planned.audited = True
     return picked
+
+
+def _cost(planned: Planned) -> float:
+    """Test-seconds of both halves of a row."""
+    return 2 * _estimate(planned)
+
+
+def audit_groups(rows: list[Planned], budget: float) -> list[list[Planned]]:
+    """``rows`` in order, cut into groups of at most ``budget`` test-seconds
+    (a longer row is a group of its own): one group a run, in turn."""
+    groups: list[list[Planned]] = [[]]
+    for planned in rows:
+        spent = sum(_cost(p) for p in groups[-1])
+        if groups[-1] and spent + _cost(planned) > budget:
+            groups.append([])
+        groups[-1].append(planned)
+    return groups if groups[0] else []
+
+
+def pick_rotation(
+    runs: list[BaseRun], minutes: float, workers: int, turn: int
+) -> tuple[list[Planned], int, int]:
+    """The reused rows of rotation group ``turn`` (modulo the groups), as far
+    as the budget left after this run's own proofs allows; with the group's
+    number and the number of groups."""
+    budget = minutes * 60 * workers
+    groups = audit_groups(_reused(runs), budget)
+    if not groups:
+        return [], 0, 0
+    number = turn % len(groups)
+    left = budget - sum(_cost(p) for run in runs for p in run.rows() if p.why)
+    picked = []
+    for planned in groups[number]:
+        # A row longer than the budget is a group of its own, audited alone
+        # when this run proves nothing else.
+        alone = not picked and left >= budget > 0
+        if _cost(planned) > left and not alone:
+            break
+        picked.append(planned)
+        left -= _cost(planned)
+    for planned in picked:
+        planned.audited = True
+    return picked, number, len(groups)
+
+
+def commit_count() -> int:
+    """Commits on this repository's HEAD: the rotation's turn (0 outside a
+    git checkout)."""
+    from forktools import git
+
+    try:
+        return int(git.out(pins.ROOT, "rev-list", "--count", "HEAD"))
+    except (ForkError, ValueError, OSError):
+        return 0
 
 
 def jobs_for(runs: list[BaseRun]) -> list[Job]:
@@ -218,12 +282,11 @@ def jobs_for(runs: list[BaseRun]) -> list[Job]:
         for planned in run.rows():
             if not planned.subject.tests:
                 continue
+            if not planned.proves:
+                continue  # both halves are in the ledger under its key
             estimate = _estimate(planned)
             jobs.append(Job(estimate, lambda r=run, p=planned: _run_with_fix(r, p)))
-            if planned.proves:
-                jobs.append(
-                    Job(estimate, lambda r=run, p=planned: _run_without_fix(r, p))
-                )
+            jobs.append(Job(estimate, lambda r=run, p=planned: _run_without_fix(r, p)))
     return sorted(jobs, key=lambda job: -job.estimate)
 
 
@@ -303,10 +366,10 @@ def _conclude_row(
     if not subject.tests:
         row.problem = "adds no test functions"
         return row, None
-    assert planned.with_fix is not None
-    row.with_fix = planned.with_fix
     recorded = planned.recorded
     if planned.why:
+        assert planned.with_fix is not None
+        row.with_fix = planned.with_fix
         assert planned.observed is not None
         row.without_fix, row.seconds = planned.observed, planned.seconds
         row.proof = f"proved in {planned.seconds:.0f} s"
@@ -325,20 +388,34 @@ def _conclude_row(
         observed_failing = bool(planned.observed.failed) and not planned.observed.errors
         return row, proof if observed_failing else None
     assert recorded is not None
+    row.with_fix = recorded.with_fix
     row.without_fix, row.seconds = recorded.without_fix, recorded.seconds
     row.proof = f"reused (key {recorded.key[: ledger.KEY_SHOWN]}, {recorded.proved})"
     row.problem = _judge(row.with_fix, row.without_fix, run.declared)
     if planned.audited:
-        assert planned.observed is not None
         row.proof = f"audited in {planned.seconds:.0f} s: " + row.proof
-        differs = _differences(recorded.without_fix, planned.observed)
-        if differs:
+        if found := _audit(planned, run.declared):
             row.problem = (
                 f"audit of the row with key {recorded.key[: ledger.KEY_SHOWN]}: "
-                f"proved again without the fix, {differs}; find out why, then "
+                f"{found}; find out why, then "
                 f"`make verify FRESH=1 BASE={run.base.name}`"
             )
     return row, recorded
+
+
+def _audit(planned: Planned, declared: symptoms.Declared) -> str:
+    """How the row's halves, proved again, differ from its record, or how
+    the fresh failures differ from their declared symptoms; "" if in no way."""
+    recorded = planned.recorded
+    assert recorded is not None
+    assert planned.with_fix is not None and planned.observed is not None
+    if differs := _differences(recorded.with_fix, planned.with_fix):
+        return f"proved again with the fix, {differs}"
+    if differs := _differences(recorded.without_fix, planned.observed):
+        return f"proved again without the fix, {differs}"
+    if found := symptoms.problems(planned.observed, declared):
+        return f"proved again without the fix, {found[0]}"
+    return ""
 
 
 def _differences(recorded: Outcome, observed: Outcome) -> str:
@@ -484,11 +561,14 @@ def main(
     jobs: int | None = None,
     *,
     fresh: bool = False,
-    audit: int = 1,
+    audit: int | None = None,
     seed: int | None = None,
+    audit_minutes: float = AUDIT_MINUTES,
 ) -> int:
     """Verify ``bases``: ``jobs`` test runs at a time, rows of every base side
-    by side; the table keeps the bases' order."""
+    by side; the table keeps the bases' order. The audit takes the rotation's
+    turn (``seed``, default the commit count) within ``audit_minutes``, or
+    ``audit`` rows at random (``seed``, default a random one)."""
     # Refuse before anything runs, not once another base's rows are done.
     for base in bases:
         materialize.refuse_if_unexported(
@@ -503,15 +583,22 @@ def main(
                     f"prove ({planned.why})",
                     file=sys.stderr,
                 )
-    seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
-    audited = pick_audits(runs, audit, seed)
-    if audited:
-        names = ", ".join(_name(runs, planned) for planned in audited)
-        print(
-            f"verify: auditing {names} (seed {seed}; AUDIT_SEED={seed} repeats it)",
-            file=sys.stderr,
-        )
     workers = jobs or default_jobs()
+    if audit is not None:
+        seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+        audited = pick_audits(runs, audit, seed)
+        how = f"at random (seed {seed}; AUDIT_SEED={seed} repeats it)"
+    else:
+        turn = seed if seed is not None else commit_count()
+        audited, number, groups = pick_rotation(runs, audit_minutes, workers, turn)
+        how = (
+            f"within {audit_minutes:g} min on {workers} CPU(s), this run's own "
+            f"proofs first: rotation group {number + 1} of {groups} (turn {turn}, "
+            f"the commit count; AUDIT_SEED={turn} repeats it; {groups} "
+            "consecutive commits audit every row)"
+        )
+    names = ", ".join(_name(runs, planned) for planned in audited) or "no row"
+    print(f"verify: auditing {names}, {how}", file=sys.stderr)
     print("\n".join(plan(runs, workers)), file=sys.stderr, flush=True)
     for run in runs:
         equip(run)

@@ -419,6 +419,92 @@ def test_a_hand_edited_row_is_caught_by_the_audit_and_fresh_proves_it_again(
     assert json.loads(file.read_text())["rows"][1]["without_fix"]["failed"] == 1
 
 
+def test_reused_rows_run_no_test_and_keep_their_recorded_halves(project, queue, capsys):
+    capsys.readouterr()
+    assert verify.main([project.base], 2, audit_minutes=0) == 0
+    captured = capsys.readouterr()
+    assert " with: the whole queue" not in captured.err
+    assert "verify: auditing no row, within 0 min" in captured.err
+    assert captured.out.count("reused (key ") == 3
+    assert captured.out.count("1/1 passed") == 3
+
+
+def test_a_hand_edited_with_fix_record_is_caught_by_an_audit_that_picks_it(
+    project, queue, capsys
+):
+    file = ledger.path(project.base)
+    data = json.loads(file.read_text())
+    row = data["rows"][0]
+    row["with_fix"]["calls"]["tests/test_layer_3.py::test_layer_3_gone"] = "passed"
+    file.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert verify.main([project.base], 2, audit_minutes=0) == 0  # not picked
+    assert verify.main([project.base], 2, audit=3, seed=0) == 1
+    out = capsys.readouterr().out
+    assert (
+        f"NO: audit of the row with key {row['key'][:12]}: proved again with the "
+        "fix, tests/test_layer_3.py::test_layer_3_gone not run, the ledger says "
+        "passed" in out
+    )
+
+
+def test_an_audit_judges_fresh_failures_against_the_declared_symptoms(
+    project, queue, capsys
+):
+    file = ledger.path(project.base)
+    data = json.loads(file.read_text())
+    failures = data["rows"][1]["without_fix"]["failures"]
+    [nodeid] = failures
+    failures[nodeid] = "AssertionError: assert 5 == 7"
+    file.write_text(json.dumps(data))
+    declared = project.base.patch_dir / "symptoms.toml"
+    declared.write_text(declared.read_text().replace("assert 5 == 55", "assert 5 == 7"))
+    capsys.readouterr()
+    assert verify.main([project.base], 2, audit_minutes=0) == 0  # the record holds
+    assert verify.main([project.base], 2, audit=3, seed=0) == 1
+    out = capsys.readouterr().out
+    assert (
+        "proved again without the fix, tests/test_layer_5.py::test_layer_5 failed "
+        "with AssertionError: assert 5 == 55, not its declared symptom "
+        "AssertionError matching 'assert 5 == 7'" in out
+    )
+
+
+def _row(seconds: float, why: str = "") -> verify.Planned:
+    recorded = type("Recorded", (), {"seconds": seconds})()
+    subject = type("Subject", (), {"tests": ["t"]})()
+    return verify.Planned(subject, None, recorded, why)
+
+
+def test_the_rotation_audits_every_row_in_consecutive_commits_within_the_budget():
+    rows = [_row(seconds) for seconds in (100, 250, 30, 400, 60, 700, 10, 90)]
+    run = type("Run", (), {"rows": lambda self: rows})()
+    budget_minutes, workers = 10, 1  # 600 test-seconds: both halves of a row
+    groups = verify.audit_groups(rows, budget_minutes * 60 * workers)
+    costs = [[2 * row.recorded.seconds for row in group] for group in groups]
+    assert costs == [[200], [500, 60], [800], [120], [1400], [20, 180]]
+    seen = []
+    for turn in range(100, 100 + len(groups)):
+        for row in rows:
+            row.audited = False
+        picked, number, count = verify.pick_rotation([run], budget_minutes, workers, turn)
+        assert count == len(groups) and number == turn % count
+        cost = sum(2 * r.recorded.seconds for r in picked)
+        assert cost <= 600 or len(picked) == 1
+        seen += picked
+    assert sorted(map(id, seen)) == sorted(map(id, rows))
+
+
+def test_the_runs_own_proofs_spend_the_audit_budget_first():
+    rows = [_row(100), _row(100), _row(200, why="changed: the queue's tree")]
+    run = type("Run", (), {"rows": lambda self: rows})()
+    picked, _, _ = verify.pick_rotation([run], 10, 1, 0)
+    assert picked == [rows[0]]  # 600 - 400 own = 200: one row of 200
+    proving = [_row(100), _row(400, why="no row in the ledger")]
+    run = type("Run", (), {"rows": lambda self: proving})()
+    assert verify.pick_rotation([run], 10, 1, 0)[0] == []
+
+
 def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
     file = ledger.path(project.base)
     data = json.loads(file.read_text())
