@@ -620,7 +620,7 @@ def keys(bases: list[Base]) -> list[Row]:
     goal = "fork: 0 false hits, no false miss pristine lacks"
     rows, sections = [], _keys_sections()
     for base in bases:
-        outcomes = bench_keys.measure(base, _progress)
+        outcomes = bench_keys.measure(base, _progress, checkout)
         if outcomes is None:
             why = "no engine pinned"
             rows.append(

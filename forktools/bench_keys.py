@@ -464,11 +464,12 @@ def wheel_site(base: Base, work: Path) -> Path:
     return site
 
 
-def measure(base: Base, say: Callable[[str], None]) -> list[Outcome] | None:
+def measure(
+    base: Base, say: Callable[[str], None], checkout: Callable
+) -> list[Outcome] | None:
     """Every selected cell on the fork tree and on pristine with the warm-load
-    fix; None when the base pins no engine."""
-    from forktools import bench
-
+    fix, each in a ``checkout(tree, revision)`` of its own; None when the base
+    pins no engine."""
     python = venv.ensure_engine(base)
     if python is None:
         return None
@@ -480,9 +481,9 @@ def measure(base: Base, say: Callable[[str], None]) -> list[Outcome] | None:
         engine.make_model(python, work / "model")
         pristine = warm_load_commit(tree, base)
         with (
-            bench.checkout(tree, "HEAD") as fork,
-            bench.checkout(tree, pristine) as plain,
-            bench.checkout(tree, "HEAD") as relabeled,
+            checkout(tree, "HEAD") as fork,
+            checkout(tree, pristine) as plain,
+            checkout(tree, "HEAD") as relabeled,
         ):
             (relabeled / materialize.VERSION_FILE).write_text(
                 materialize._version_module(relabeled_label(base), "bench")

@@ -69,13 +69,13 @@ def declared_symptoms(base: Base) -> list[str]:
 def rebased_from_current(base: Base) -> list[str]:
     """A queue that ``make rebase`` made must carry its source queue as it is
     now: a change there is ported, and recorded with ``PORTED=1``."""
-    from forktools import rebase
+    from forktools import rebase_report
 
-    if not (base.patch_dir / rebase.REPORT_JSON).exists():
+    if not (base.patch_dir / rebase_report.REPORT_JSON).exists():
         return []
     try:
-        source = rebase.previous_queue(pins.load(), base.version)
-        rebase.finished_report(source, base.name)
+        source = rebase_report.previous_queue(pins.load(), base.version)
+        rebase_report.finished_report(source, base.name)
     except ForkError as e:
         return [f"{base.name}: {e}"]
     return []

@@ -31,9 +31,14 @@ from pathlib import Path
 
 from forktools import download, git, materialize, pins, prove, queue, venv
 from forktools.pins import Artifact, Base, ForkError
+from forktools.rebase_report import (
+    REPORT_JSON,
+    REPORT_MD,
+    finished_report,
+    previous_queue,
+    queue_state,
+)
 
-REPORT_MD = "REBASE.md"
-REPORT_JSON = "rebase.json"
 PORTED_NOTE = "Later changes of"
 STATE = "vllm-fork-rebase.json"
 PREVIOUS = "previous"
@@ -81,7 +86,7 @@ def rebase(version: str, probe_tests: bool = False, ported: bool = False) -> Pat
     target = ensure_pinned(version, source)
     tree = materialize.tree_dir(target)
     state = _read_state(tree)
-    if state.get("from") == _queue_state(source):
+    if state.get("from") == queue_state(source):
         results = _resume(tree, [Result(**r) for r in state["results"]])
     else:
         _refuse_existing_queue(target)
@@ -105,41 +110,6 @@ def _plain_version(version: str) -> str:
     return plain
 
 
-def previous_queue(pinned: pins.Pins, version: str) -> Base:
-    """The newest pinned base older than ``version`` that has a queue."""
-    for base in pinned.newest_first():
-        older = pins.version_key(base.version) < pins.version_key(version)
-        if older and (base.patch_dir / "series").exists():
-            return base
-    raise ForkError(f"no pinned base older than {version} has a queue to rebase")
-
-
-def finished_report(source: Base, name: str) -> Path | None:
-    """The finished report of a rebase from ``source``'s current queue, if any."""
-    path = pins.ROOT / "patches" / name / REPORT_JSON
-    if not path.exists():
-        return None
-    report = json.loads(path.read_text())
-    if not report["complete"]:
-        return None
-    made_from = report.get("ported_from", report["from"])
-    if made_from == _queue_state(source):
-        return path.with_name(REPORT_MD)
-    version = name.removeprefix("v")
-    raise ForkError(
-        f"patches/{name} was rebased from patches/{made_from['base']} (queue "
-        f"{made_from['queue']}), which has changed since (now "
-        f"{source.name}, queue {queue.patches_id(source)}). Port the change into "
-        f"the {name} tree, `make export BASE={name}`, then `make rebase "
-        f"TO={version} PORTED=1` to record it; or `git rm -r patches/{name}` "
-        "and run the rebase again to replay it from scratch."
-    )
-
-
-def _queue_state(source: Base) -> dict[str, str]:
-    return {"base": source.name, "queue": queue.patches_id(source)}
-
-
 def _record_port(source: Base, name: str) -> None:
     """Note in the finished report that its queue carries ``source``'s queue now."""
     from forktools import check
@@ -159,7 +129,7 @@ def _record_port(source: Base, name: str) -> None:
             "carry the port:\n  " + "\n  ".join(problems)
         )
     report = json.loads(path.read_text())
-    report["ported_from"] = _queue_state(source)
+    report["ported_from"] = queue_state(source)
     path.write_text(json.dumps(report, indent=2) + "\n")
     markdown_path = path.with_name(REPORT_MD)
     kept = markdown_path.read_text().split(PORTED_NOTE)[0].rstrip("\n")
@@ -289,7 +259,7 @@ def _read_state(tree: Path) -> dict:
 
 def _write_state(tree: Path, source: Base, results: list[Result]) -> None:
     state = {
-        "from": _queue_state(source),
+        "from": queue_state(source),
         "results": [asdict(r) for r in results],
     }
     (tree / ".git" / STATE).write_text(json.dumps(state, indent=2) + "\n")
@@ -590,7 +560,7 @@ def _write_report(
 ) -> Path:
     target.patch_dir.mkdir(parents=True, exist_ok=True)
     data = {
-        "from": _queue_state(source),
+        "from": queue_state(source),
         "to": {"base": target.name, "sdist": target.sdist.file},
         "complete": complete,
         "patches": [
