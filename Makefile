@@ -20,7 +20,7 @@ reads_check := BASE
 reads_fixes := BASE
 reads_status := BASE FETCH WIDE
 reads_verify := BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED HUNKS PATCH
-reads_read-only := BASE
+reads_read-only := BASE FRESH
 reads_lint := BASE
 reads_wheel := BASE ALL NO_LOCK
 reads_lock := BASE FROM
@@ -73,8 +73,8 @@ verify: ## each commit: its tests pass with it, fail without it, kept in patches
 	$(if $(and $(PATCH),$(if $(call on,$(HUNKS)),,no)),$(error PATCH=$(PATCH) goes with HUNKS=1 (make verify HUNKS=1 PATCH=n); verify also reads BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED))
 	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args) $(if $(call on,$(HUNKS)),--hunks $(if $(PATCH),--patch $(PATCH)))
 
-read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip
-	$(forktools) read-only $(base_arg)
+read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip; kept in patches/<base>/read_only.json and reused while its key holds (FRESH=1: run again)
+	$(forktools) read-only $(base_arg) $(if $(call on,$(FRESH)),--fresh)
 
 lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)

@@ -111,7 +111,7 @@ def cmd_read_only(args) -> int:
     """The queue's read-only cache tests again, with every capability dropped."""
     from forktools import readonly
 
-    return readonly.main(_bases(args))
+    return readonly.main(_bases(args), fresh=getattr(args, "fresh", False))
 
 
 def cmd_bench(args) -> int:
@@ -441,6 +441,11 @@ def parser() -> argparse.ArgumentParser:
         help="the previous queue changed after this rebase and you ported the "
         "change into the new queue by hand (and exported it): record that, so "
         "the finished rebase counts as up to date again",
+    )
+    sub.choices["read-only"].add_argument(
+        "--fresh",
+        action="store_true",
+        help="run them again even where patches/<base>/read_only.json's key holds",
     )
     for name in ("verify", "test"):
         command = sub.choices[name]

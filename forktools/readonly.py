@@ -6,10 +6,18 @@ upstream's CI, they use file modes instead. ``make verify`` runs every
 row's tests with its fix as the caller, the bind mount where CI runs as
 root; this stage runs the read-only ones again with every capability
 dropped, so that both ways run, and fails on a skip.
+
+A passing run is kept as ``patches/<base>/read_only.json``, keyed like a
+ledger row (the queue's tree, the locked environments, the harness, the
+proof code and this file, the tests) and reused while its key holds;
+``fresh`` runs them all again.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import shutil
 import sys
 import tempfile
@@ -19,6 +27,7 @@ from forktools import git, materialize, prove, venv
 from forktools.pins import Base, ForkError
 
 READ_ONLY = "test_read_only"
+RECORD = "read_only.json"
 DROP_CAPABILITIES = ("setpriv", "--inh-caps=-all", "--bounding-set=-all", "--")
 
 
@@ -39,6 +48,46 @@ def problems(nodeids: list[str], outcome: prove.Outcome) -> list[str]:
     return found + outcome.errors
 
 
+def inputs(base: Base, tree: Path, nodeids: list[str]) -> dict:
+    """What a run without capabilities depends on, as a ledger row's key."""
+    from forktools import ledger
+
+    environment = ledger.environment_digest(base, venv.environments(base))
+    return {
+        "tree_with_fix": prove.tree_with_fix(tree),
+        "environment": environment,
+        **prove.code_digests(),
+        "read_only": prove.content_digest(Path(__file__).resolve()),
+        "tests": nodeids,
+    }
+
+
+def key_of(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def recorded(base: Base) -> dict:
+    file = base.patch_dir / RECORD
+    try:
+        return json.loads(file.read_text()) if file.exists() else {}
+    except json.JSONDecodeError:
+        return {}  # run again; a passing run writes it anew
+
+
+def _record(base: Base, inputs: dict, outcome: prove.Outcome) -> None:
+    record = {
+        "key": key_of(inputs),
+        "inputs": inputs,
+        "calls": outcome.calls,
+        "proved": datetime.date.today().isoformat(),
+    }
+    file = base.patch_dir / RECORD
+    file.parent.mkdir(parents=True, exist_ok=True)
+    partial = file.with_name(f".{RECORD}.partial")
+    partial.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    partial.replace(file)
+
+
 def _python_without_capabilities(python: Path, folder: Path) -> Path:
     """A stand-in for ``python`` that runs it with every capability dropped."""
     shim = folder / "python"
@@ -47,8 +96,9 @@ def _python_without_capabilities(python: Path, folder: Path) -> Path:
     return shim
 
 
-def main(bases: list[Base]) -> int:
-    """Each base's read-only tests, up to one base per CPU at once."""
+def main(bases: list[Base], fresh: bool = False) -> int:
+    """Each base's read-only tests, up to one base per CPU at once; a base
+    whose record's key holds is reused unless ``fresh``."""
     import concurrent.futures
 
     from forktools import verify
@@ -62,10 +112,18 @@ def main(bases: list[Base]) -> int:
     for base in bases:
         tree = materialize.ensure(base)
         nodeids = read_only_tests(tree)
-        if nodeids:
-            runs.append((base, tree, nodeids))
-        else:
+        if not nodeids:
             print(f"read-only: {base.name}: the queue has no read-only test")
+            continue
+        now, record = inputs(base, tree, nodeids), recorded(base)
+        if not fresh and record.get("key") == key_of(now):
+            passed = sum(result == "passed" for result in record["calls"].values())
+            print(
+                f"read-only: {base.name}: reused (key {record['key'][:12]}, "
+                f"{record['proved']}): {passed} passed"
+            )
+            continue
+        runs.append((base, tree, nodeids, now))
     workers = verify.default_jobs()
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -77,9 +135,9 @@ def main(bases: list[Base]) -> int:
     return 1 if failed else 0
 
 
-def _run(base: Base, tree: Path, nodeids: list[str], tmp: Path) -> str:
+def _run(base: Base, tree: Path, nodeids: list[str], now: dict, tmp: Path) -> str:
     """Runs ``nodeids`` without capabilities; the base's name if a case did
-    not pass, else ""."""
+    not pass, else "" (and the run is recorded under the key of ``now``)."""
     folder = tmp / base.name
     folder.mkdir()
     python = _python_without_capabilities(venv.ensure(base), folder)
@@ -90,4 +148,5 @@ def _run(base: Base, tree: Path, nodeids: list[str], tmp: Path) -> str:
         print(f"read-only: {base.name}: {problem}", file=sys.stderr, flush=True)
     if not found:
         print(f"read-only: {base.name}: {outcome.passed} passed", flush=True)
+        _record(base, now, outcome)
     return base.name if found else ""

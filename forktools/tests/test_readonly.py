@@ -58,3 +58,36 @@ def test_the_stand_in_python_cannot_write_past_file_modes(tmp_path):
 
     assert "PermissionError" in proc.stderr
     assert not (read_only / "file").exists()
+
+
+def test_a_passing_run_is_kept_and_reused_while_its_key_holds(
+    project, monkeypatch, capsys
+):
+    materialize.ensure(project.base)
+    project.commit("tests/test_cache.py", READ_ONLY, "[Bugfix] Cache read-only")
+    runs = []
+
+    def run_tests(python, tree, nodeids, engine=None, label="", harness=None):
+        runs.append(nodeids)
+        return prove.Outcome({n: "passed" for n in nodeids}, {}, [])
+
+    monkeypatch.setattr(prove, "run_tests", run_tests)
+    monkeypatch.setattr(readonly.venv, "ensure", lambda base: sys.executable)
+    monkeypatch.setattr(readonly.venv, "environments", lambda base: {"test": ["a==1"]})
+    monkeypatch.setattr(readonly.shutil, "which", lambda name: "/usr/bin/setpriv")
+    base = project.base
+    assert readonly.main([base]) == 0 and len(runs) == 1
+    record = readonly.recorded(base)
+    assert record["calls"] == {"tests/test_cache.py::test_read_only_cache": "passed"}
+
+    capsys.readouterr()
+    assert readonly.main([base]) == 0 and len(runs) == 1
+    assert f"reused (key {record['key'][:12]}, " in capsys.readouterr().out
+    assert readonly.main([base], fresh=True) == 0 and len(runs) == 2
+
+    monkeypatch.setattr(readonly.venv, "environments", lambda base: {"test": ["a==2"]})
+    assert readonly.main([base]) == 0 and len(runs) == 3
+
+    (base.patch_dir / readonly.RECORD).write_text("{ torn")
+    assert readonly.main([base]) == 0 and len(runs) == 4
+    assert readonly.recorded(base)["key"] != record["key"]
