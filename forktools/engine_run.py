@@ -183,15 +183,24 @@ def generate(directory: Path, out: Path, **engine_args: int) -> None:
 
 
 def _leave_unwrapped(module_name: str) -> None:
-    """LoRA wraps every target but ``module_name`` (issue 55383's run A)."""
-    from vllm.lora.model_manager import LoRAModelManager
+    """LoRA wraps every target but ``module_name`` (issue 55383's run A).
+    Releases decide in ``is_supported_lora_module`` (0.33.0) or in the
+    manager's ``_match_target_modules`` (0.19.1): both are narrowed."""
+    from vllm.lora import model_manager
 
-    match_target_modules = LoRAModelManager._match_target_modules
+    is_supported = model_manager.is_supported_lora_module
 
-    def match_all_but_one(self, name: str) -> bool:
-        return name != module_name and match_target_modules(self, name)
+    def supported_but_one(name: str, *args) -> bool:
+        return name != module_name and is_supported(name, *args)
 
-    LoRAModelManager._match_target_modules = match_all_but_one
+    model_manager.is_supported_lora_module = supported_but_one
+    manager = model_manager.LoRAModelManager
+    if match_target_modules := getattr(manager, "_match_target_modules", None):
+
+        def match_all_but_one(self, name: str) -> bool:
+            return name != module_name and match_target_modules(self, name)
+
+        manager._match_target_modules = match_all_but_one
 
 
 def _tokens(outputs) -> list[list[int]]:
