@@ -243,8 +243,8 @@ def pick_rotation(
     number and the number of groups."""
     budget = minutes * 60 * workers
     groups = audit_groups(_reused(runs), budget)
-    if not groups:
-        return [], 0, 0
+    if not groups or budget <= 0:
+        return [], 0, len(groups)
     number = turn % len(groups)
     left = budget - sum(_cost(p) for run in runs for p in run.rows() if p.why)
     picked = []

@@ -503,6 +503,10 @@ def test_the_runs_own_proofs_spend_the_audit_budget_first():
     proving = [_row(100), _row(400, why="no row in the ledger")]
     run = type("Run", (), {"rows": lambda self: proving})()
     assert verify.pick_rotation([run], 10, 1, 0)[0] == []
+    instant = [_row(0), _row(0)]  # rows too quick to count a second
+    run = type("Run", (), {"rows": lambda self: instant})()
+    assert verify.pick_rotation([run], 0, 2, 0)[0] == []
+    assert verify.pick_rotation([run], 1, 2, 0)[0] == instant
 
 
 def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
