@@ -277,6 +277,7 @@ class Starts:
         self.python, self.model, self.tree, self.work = python, model, tree, work
         self.say = say
         self.count = 0
+        self.log = work / "start-0.log"  # the last start's
 
     def start(
         self,
@@ -299,7 +300,7 @@ class Starts:
             **engine.AOT_COMPILE,
             **(env or {}),
         )
-        log = self.work / f"start-{self.count}.log"
+        log = self.log = self.work / f"start-{self.count}.log"
         self.say(f"start {self.count}: {log.name}")
         if served_name is not None:
             return engine.serve_once(
@@ -383,7 +384,7 @@ def run_cell(
     try:
         second = starts.start(root, b_tree, cwd, prefix, **b)
     except ForkError:
-        log = starts.work / f"start-{starts.count}.log"
+        log = starts.log
         kept = download.cache_dir() / "logs" / f"bench-keys-{work.name}-{log.name}"
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log, kept)

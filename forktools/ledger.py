@@ -26,6 +26,11 @@ FILE = "proof.json"
 KEY_SHOWN = 12
 
 
+def digest(inputs: dict) -> str:
+    """The key of a record's inputs: sha256 of their sorted JSON."""
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Inputs:
     """Everything a row's observation depends on."""
@@ -39,8 +44,7 @@ class Inputs:
 
     @property
     def key(self) -> str:
-        text = json.dumps(asdict(self), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()
+        return digest(asdict(self))
 
     def changed(self, recorded: Inputs) -> list[str]:
         """What differs from ``recorded``, in words; empty when nothing does."""

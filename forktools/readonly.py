@@ -16,14 +16,13 @@ proof code and this file, the tests) and reused while its key holds;
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 
-from forktools import git, materialize, prove, venv
+from forktools import git, ledger, materialize, prove, venv
 from forktools.pins import Base, ForkError
 
 READ_ONLY = "test_read_only"
@@ -50,8 +49,6 @@ def problems(nodeids: list[str], outcome: prove.Outcome) -> list[str]:
 
 def inputs(base: Base, tree: Path, nodeids: list[str]) -> dict:
     """What a run without capabilities depends on, as a ledger row's key."""
-    from forktools import ledger
-
     environment = ledger.environment_digest(base, venv.environments(base))
     return {
         "tree_with_fix": prove.tree_with_fix(tree),
@@ -60,10 +57,6 @@ def inputs(base: Base, tree: Path, nodeids: list[str]) -> dict:
         "read_only": prove.content_digest(Path(__file__).resolve()),
         "tests": nodeids,
     }
-
-
-def key_of(inputs: dict) -> str:
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
 
 
 def recorded(base: Base) -> dict:
@@ -76,7 +69,7 @@ def recorded(base: Base) -> dict:
 
 def _record(base: Base, inputs: dict, outcome: prove.Outcome) -> None:
     record = {
-        "key": key_of(inputs),
+        "key": ledger.digest(inputs),
         "inputs": inputs,
         "calls": outcome.calls,
         "proved": datetime.date.today().isoformat(),
@@ -116,7 +109,7 @@ def main(bases: list[Base], fresh: bool = False) -> int:
             print(f"read-only: {base.name}: the queue has no read-only test")
             continue
         now, record = inputs(base, tree, nodeids), recorded(base)
-        if not fresh and record.get("key") == key_of(now):
+        if not fresh and record.get("key") == ledger.digest(now):
             passed = sum(result == "passed" for result in record["calls"].values())
             print(
                 f"read-only: {base.name}: reused (key {record['key'][:12]}, "

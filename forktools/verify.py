@@ -280,10 +280,9 @@ def jobs_for(runs: list[BaseRun]) -> list[Job]:
     jobs = []
     for run in runs:
         for planned in run.rows():
-            if not planned.subject.tests:
+            # A reused row's halves are both in the ledger under its key.
+            if not planned.subject.tests or not planned.proves:
                 continue
-            if not planned.proves:
-                continue  # both halves are in the ledger under its key
             estimate = _estimate(planned)
             jobs.append(Job(estimate, lambda r=run, p=planned: _run_with_fix(r, p)))
             jobs.append(Job(estimate, lambda r=run, p=planned: _run_without_fix(r, p)))

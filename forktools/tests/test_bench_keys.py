@@ -73,8 +73,9 @@ class _Starts:
         event = engine.AOT_LOADED if loaded else engine.AOT_SAVED
         events = {engine.AOT_LOADED: 0, engine.AOT_SAVED: 0, engine.RECOMPILED: 0}
         events[event] = 1
+        self.log = self.work / f"start-{self.count}.log"
         if self.dies and self.count == 2:
-            log = self.work / f"start-{self.count}.log"
+            log = self.log
             log.write_text(f"{events}\n" + "\n".join(k * v for k, v in events.items()))
             log.write_text(log.read_text() + "\nKeyError: 'weight'\n")
             raise ForkError("the start failed")

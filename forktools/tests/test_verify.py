@@ -392,14 +392,21 @@ def test_each_changed_input_invalidates_exactly_its_rows(
     assert "0002" not in plan["0001"] and "tests run" not in plan["0001"]
 
 
+def _edit_row(project, index: int, half: str, nodeid: str) -> dict:
+    """Record by hand that ``nodeid`` passed in one half of a ledger row."""
+    file = ledger.path(project.base)
+    data = json.loads(file.read_text())
+    row = data["rows"][index]
+    row[half]["calls"][nodeid] = "passed"
+    file.write_text(json.dumps(data))
+    return row
+
+
 def test_a_hand_edited_row_is_caught_by_the_audit_and_fresh_proves_it_again(
     project, queue, capsys
 ):
     file = ledger.path(project.base)
-    data = json.loads(file.read_text())
-    row = data["rows"][1]
-    row["without_fix"]["calls"]["tests/test_layer_5.py::test_layer_5"] = "passed"
-    file.write_text(json.dumps(data))
+    row = _edit_row(project, 1, "without_fix", "tests/test_layer_5.py::test_layer_5")
     capsys.readouterr()
     assert verify.main([project.base], 2, audit=3, seed=0) == 1
     out = capsys.readouterr().out
@@ -432,11 +439,7 @@ def test_reused_rows_run_no_test_and_keep_their_recorded_halves(project, queue, 
 def test_a_hand_edited_with_fix_record_is_caught_by_an_audit_that_picks_it(
     project, queue, capsys
 ):
-    file = ledger.path(project.base)
-    data = json.loads(file.read_text())
-    row = data["rows"][0]
-    row["with_fix"]["calls"]["tests/test_layer_3.py::test_layer_3_gone"] = "passed"
-    file.write_text(json.dumps(data))
+    row = _edit_row(project, 0, "with_fix", "tests/test_layer_3.py::test_layer_3_gone")
     capsys.readouterr()
     assert verify.main([project.base], 2, audit_minutes=0) == 0  # not picked
     assert verify.main([project.base], 2, audit=3, seed=0) == 1
