@@ -32,8 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from forktools import engine, git, materialize, pins, prove, tools, venv
+from forktools import engine, git, materialize, pins, tools, venv
 from forktools.pins import ROOT, Base, ForkError
+from forktools.proof import prove
 from forktools.table import render
 
 BENCH_FILE = ROOT / "BENCHMARKS.md"

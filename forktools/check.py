@@ -43,7 +43,7 @@ def declared_symptoms(base: Base) -> list[str]:
     """Each failure the ledger records without a fix is its test's declared
     symptom, judged as ``make verify`` judges it; each declaration names a
     test that a patch runs."""
-    from forktools import ledger, symptoms
+    from forktools.proof import ledger, symptoms
 
     try:
         declared = symptoms.load(base)

@@ -41,7 +41,7 @@ def cmd_export(args) -> int:
 
 def cmd_check(args) -> int:
     """Fail when patches/ and the fork trees disagree, or a proof ledger is stale."""
-    from forktools import ledger
+    from forktools.proof import ledger, verify
 
     found, checked = [], 0
     for base in _bases(args):
@@ -53,7 +53,9 @@ def cmd_check(args) -> int:
             )
             continue
         checked += 1
-        found += check.problems(base) or ledger.stale(base)
+        found += check.problems(base) or verify.stale(base)
+        if ledger.path(base).exists():
+            print(f"check: {ledger.proved_here(base)}")
     for problem in found:
         print(f"check: {problem}", file=sys.stderr)
     if not checked:
@@ -83,16 +85,17 @@ def cmd_status(args) -> int:
 
 def cmd_verify(args) -> int:
     """Prove each commit's tests fail without it and pass with it."""
-    from forktools import hunks, verify
+    from forktools import proof
 
     # make test runs this with its own arguments, which have no --hunks.
     if getattr(args, "hunks", False):
-        return hunks.main(_bases(args), args.patch)
+        return proof.main("hunks", _bases(args), patch=args.patch)
     if getattr(args, "patch", None) is not None:
         raise ForkError("--patch goes with --hunks (make verify HUNKS=1 PATCH=n)")
-    return verify.main(
+    return proof.main(
+        "verify",
         _bases(args),
-        args.jobs,
+        jobs=args.jobs,
         fresh=args.fresh,
         audit=args.audit,
         seed=args.audit_seed,
@@ -109,9 +112,9 @@ def cmd_lint(args) -> int:
 
 def cmd_read_only(args) -> int:
     """The queue's read-only cache tests again, with every capability dropped."""
-    from forktools import readonly
+    from forktools import proof
 
-    return readonly.main(_bases(args), fresh=getattr(args, "fresh", False))
+    return proof.main("read-only", _bases(args), fresh=getattr(args, "fresh", False))
 
 
 def cmd_bench(args) -> int:
@@ -211,7 +214,8 @@ def _environments(bases: list[pins.Base]) -> list[Path]:
     install keeps about one core busy); the bases' test Pythons."""
     import concurrent.futures
 
-    from forktools import venv, verify
+    from forktools import venv
+    from forktools.proof import schedule
 
     def test_environment(base: pins.Base) -> Path:
         materialize.ensure(base)
@@ -221,7 +225,7 @@ def _environments(bases: list[pins.Base]) -> list[Path]:
         return python
 
     own_engines = [b for b in bases if b.engine and not b.engine.kernels_only]
-    with concurrent.futures.ThreadPoolExecutor(verify.default_jobs()) as pool:
+    with concurrent.futures.ThreadPoolExecutor(schedule.default_jobs()) as pool:
         # An engine of its own takes as long as a test environment: start it
         # first, beside them, rather than after its base's.
         engines = [pool.submit(venv.ensure_engine, base) for base in own_engines]
@@ -351,7 +355,7 @@ def _minutes(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    from forktools.verify import AUDIT_MINUTES
+    from forktools.proof.verify import AUDIT_MINUTES
 
     top = argparse.ArgumentParser(
         prog="python -m forktools",

@@ -30,7 +30,7 @@ from pathlib import Path
 from forktools import materialize, venv
 from forktools.engine_run import PROMPTS
 from forktools.pins import Base, ForkError
-from forktools.prove import HARNESS
+from forktools.proof.prove import HARNESS
 
 SCRIPT = Path(__file__).with_name("engine_run.py")
 AOT_LOADED = "Directly load AOT compilation from path"

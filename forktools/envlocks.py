@@ -9,7 +9,7 @@ file whose hash differs is refused. The pinned vLLM wheel (and an engine's
 CPU build) is not in the lock: ``upstream.toml`` pins it with its sha256.
 
 The lock is also the environment input of every proof ledger key
-(``forktools/ledger.py``): the ``python X.Y.Z machine`` line of the
+(``forktools/proof/ledger.py``): the ``python X.Y.Z machine`` line of the
 interpreter that makes the environment, then the lock's ``name==version``
 lines and the pinned wheel's, sorted. So ``make check`` knows which rows a
 lock change makes stale without building anything, and the package index
@@ -266,7 +266,7 @@ def locked(
     ``requirements``: what ``python -m venv`` seeds it with (pip, and
     setuptools before Python 3.12), less what pip then installs over them,
     and what pip installs, as resolved in such an environment."""
-    from forktools import prove
+    from forktools.proof import prove
 
     with tempfile.TemporaryDirectory() as tmp:
         if subprocess.run([python, "-m", "venv", tmp]).returncode != 0:

@@ -20,10 +20,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import git, ledger, materialize, pins, prove, queue, upstream, venv
-from forktools.ledger import Proof
+from forktools import git, materialize, pins, queue, upstream, venv
 from forktools.pins import Base, ForkError
-from forktools.prove import Outcome
+from forktools.proof import ledger, prove, verify
+from forktools.proof.ledger import Proof
+from forktools.proof.prove import Outcome
 
 # Reserved for examples and tests (RFC 2606, RFC 6761): nobody receives mail there.
 MADE_UP_DOMAIN = re.compile(
@@ -109,7 +110,7 @@ def body(base: Base, number: int, alone: Alone | None = None) -> str:
     the patch alone on the pristine release (``alone``), and the fork's proof
     ledger row (a note to run ``make verify`` where it has none)."""
     entry = _entry(base, number)
-    return _body(base, entry, ledger.current_proof(base, entry.name), alone)
+    return _body(base, entry, verify.current_proof(base, entry.name), alone)
 
 
 def _body(
@@ -349,7 +350,7 @@ def prepare(
         old.unlink()
     written = git.out(tree, *queue.FORMAT_PATCH, "-o", str(directory), "-1", commit)
     patch = Path(written)
-    proof = ledger.current_proof(base, entry.name)
+    proof = verify.current_proof(base, entry.name)
     # A conflict in the user's checkout stops before minutes of tests.
     shown = f"patches/{base.name}/{entry.name}"
     started = apply_onto(tree, patch, onto, shown) if onto else None

@@ -29,8 +29,9 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from forktools import download, git, materialize, pins, prove, queue, venv
+from forktools import download, git, materialize, pins, queue, venv
 from forktools.pins import Artifact, Base, ForkError
+from forktools.proof import prove
 from forktools.rebase_report import (
     REPORT_JSON,
     REPORT_MD,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import platform
 import sys
 
-from forktools import envlocks, ledger, precommit, tools, venv
+from forktools import envlocks, precommit, tools, venv
 from forktools.pins import Base, ForkError
+from forktools.proof import ledger
 
 WHAT = {"test": "test environment", "engine": "CPU engine environment"}
 

@@ -44,8 +44,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import download, envlocks, locks, prove, wheelmeta
+from forktools import download, envlocks, locks, wheelmeta
 from forktools.pins import Base, ForkError
+from forktools.proof import prove
 
 COMPLETE_MARKER = ".vllm-fork-complete"
 ENGINE_PYTHON_ENV = "VLLM_FORK_ENGINE_INTERPRETER"

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from forktools import materialize, prove
+from forktools import materialize
+from forktools.proof import prove
 
 from .conftest import copy_tooling, git
 

@@ -3,7 +3,8 @@
 import sys
 from pathlib import Path
 
-from forktools import cli, export, hunks, materialize, venv
+from forktools import cli, export, materialize, venv
+from forktools.proof import hunks
 
 from .conftest import git
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from forktools import cli, export, ledger, materialize, pr, venv, verify
+from forktools import cli, export, materialize, pr, venv
+from forktools.proof import ledger, verify
 from forktools.pins import ForkError
 
 from .conftest import CORE, git, publish, sha256

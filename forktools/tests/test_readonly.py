@@ -1,7 +1,8 @@
 import subprocess
 import sys
 
-from forktools import materialize, prove, readonly
+from forktools import materialize
+from forktools.proof import prove, readonly
 
 from .conftest import git
 

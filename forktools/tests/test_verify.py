@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from forktools import check, export, ledger, materialize, prove, symptoms, venv, verify
+from forktools import check, export, materialize, venv
+from forktools.proof import ledger, prove, symptoms, verify
 from forktools.pins import ForkError
-from forktools.prove import Outcome
-from forktools.symptoms import Declared, Symptom
+from forktools.proof.prove import Outcome
+from forktools.proof.symptoms import Declared, Symptom
 
 from .conftest import git, open_project
 
@@ -160,15 +161,64 @@ def test_summarize_keeps_each_failure_and_phase_error():
     assert outcome.errors == ["b failed in setup (KeyError)"]
 
 
-def test_test_runs_do_not_see_the_callers_compile_settings(monkeypatch):
-    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "0")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
-    monkeypatch.setenv("VLLM_FORK_ENGINE_PYTHON", "/stale")
-    monkeypatch.setenv("LANG", "C.UTF-8")
+def test_test_runs_see_a_fixed_environment(monkeypatch):
+    unseen = {
+        "VLLM_USE_AOT_COMPILE": "0",
+        "TORCHINDUCTOR_CACHE_DIR": "/elsewhere",
+        "VLLM_FORK_ENGINE_PYTHON": "/stale",
+        "PYTEST_ADDOPTS": "-x",
+        "CXX": "clang++",
+        "OMP_NUM_THREADS": "1",
+        "LD_PRELOAD": "/lib/evil.so",
+        "MASTER_PORT": "29500",
+    }
+    seen = {"LANG": "C.UTF-8", "HTTPS_PROXY": "http://proxy:3128", "no_proxy": "x"}
+    for name, value in {**unseen, **seen}.items():
+        monkeypatch.setenv(name, value)
     kept = prove.caller_environment()
-    assert "LANG" in kept
-    assert not {"VLLM_USE_AOT_COMPILE", "TORCHINDUCTOR_CACHE_DIR"} & kept.keys()
-    assert "VLLM_FORK_ENGINE_PYTHON" not in kept
+    assert seen.items() <= kept.items()
+    assert not unseen.keys() & kept.keys()
+
+
+UPSTREAM_TESTS = """\
+import pytest
+
+
+def helper():
+    return 1
+
+
+def test_upstream():
+    assert helper() == 1
+
+
+def test_untouched():
+    assert True
+"""
+
+
+def test_the_test_finder_sees_methods_async_tests_and_changed_upstream_tests(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "tests").mkdir(parents=True)
+    module = tree / "tests" / "test_x.py"
+    module.write_text(UPSTREAM_TESTS)
+    (tree / "tests" / "helpers.py").write_text("def test_not_a_test():\n    pass\n")
+    git(tree, "init", "-q")
+    git(tree, "add", ".")
+    git(tree, "commit", "-qm", "upstream")
+    module.write_text(
+        UPSTREAM_TESTS.replace("helper() == 1", "helper() == 1, 'changed'")
+        + "\n\n@pytest.mark.asyncio\nasync def test_async():\n    assert True\n"
+        + "\n\nclass TestCache:\n    def test_method(self):\n        assert True\n\n"
+        + "    def helper(self):\n        pass\n"
+    )
+    (tree / "tests" / "helpers.py").write_text("def test_not_a_test():\n    pass  # x\n")
+    git(tree, "commit", "-qam", "fix")
+    assert prove.added_tests(tree, "HEAD") == [
+        "tests/test_x.py::test_upstream",
+        "tests/test_x.py::test_async",
+        "tests/test_x.py::TestCache::test_method",
+    ]
 
 
 def test_variant_is_the_first_parametrization_id():
@@ -303,7 +353,9 @@ def test_a_first_verify_proves_every_row_and_a_second_reuses_them(
     for row in rows.values():
         assert len(row["inputs"]["tree_with_fix"]) == 40
         assert len(row["inputs"]["tree_without_fix"]) == 40
-        assert row["without_fix"]["failed"] == 1
+        assert list(row["without_fix"]["calls"].values()).count("failed") == 1
+        assert row["machine"] == prove.fingerprint()
+        assert set(row["with_fix"]["seconds"]) == set(row["with_fix"]["calls"])
     assert rows[queue[0]]["without_fix"]["failures"] == {
         "tests/test_layer_3.py::test_layer_3": "AssertionError: assert 3 == 33\n"
         " +  where 3 = <function layer_3 at "
@@ -316,7 +368,7 @@ def test_a_first_verify_proves_every_row_and_a_second_reuses_them(
     out = capsys.readouterr().out
     assert out.count("reused (key ") == 3 and "proved in" not in out
     assert "  puts back: vllm/core.py" in out
-    assert ledger.stale(project.base) == []
+    assert verify.stale(project.base) == []
 
 
 def test_verify_prints_its_plan_before_it_builds_an_environment(
@@ -357,7 +409,7 @@ def test_each_changed_input_invalidates_exactly_its_rows(
     plan = _plan(project)
     assert plan["0001"] == plan["0002"] == ""
     assert plan["0003"].startswith("changed: the tree without the fix")
-    assert [p for p in ledger.stale(project.base) if "stale" in p] == [
+    assert [p for p in verify.stale(project.base) if "stale" in p] == [
         f"patches/{project.base.name}/proof.json: {queue[2]} is stale: the tree "
         f"without the fix ({plan['0003'].split('(')[1].split(')')[0]}); run "
         f"`make verify BASE={project.base.name}`"
@@ -366,7 +418,7 @@ def test_each_changed_input_invalidates_exactly_its_rows(
 
     project.lock("test", "x==2 --hash=sha256:" + "0" * 64)
     assert all("locked environments" in why for why in _plan(project).values())
-    assert len([p for p in ledger.stale(project.base) if "locked environments" in p]) == 3
+    assert len([p for p in verify.stale(project.base) if "locked environments" in p]) == 3
     project.lock("test")
     assert _plan(project) == {"0001": "", "0002": "", "0003": ""}
 
@@ -381,7 +433,7 @@ def test_each_changed_input_invalidates_exactly_its_rows(
     code = tmp_path / "prove.py"
     code.write_text(prove.PROOF_CODE.read_text() + "# changed\n")
     monkeypatch.setattr(prove, "PROOF_CODE", code)
-    assert all("forktools/prove.py" in why for why in _plan(project).values())
+    assert all("forktools/proof/prove.py" in why for why in _plan(project).values())
     monkeypatch.setattr(prove, "PROOF_CODE", Path(prove.__file__).resolve())
 
     _fix(project, 7, LAYER_5.replace("5", "7"))
@@ -423,7 +475,8 @@ def test_a_hand_edited_row_is_caught_by_the_audit_and_fresh_proves_it_again(
     assert verify.main([project.base], 2, fresh=True, audit=3) == 0
     out = capsys.readouterr().out
     assert out.count("proved in") == 3 and "reused" not in out
-    assert json.loads(file.read_text())["rows"][1]["without_fix"]["failed"] == 1
+    calls = json.loads(file.read_text())["rows"][1]["without_fix"]["calls"]
+    assert list(calls.values()).count("failed") == 1
 
 
 def test_reused_rows_run_no_test_and_keep_their_recorded_halves(project, queue, capsys):
@@ -473,8 +526,10 @@ def test_an_audit_judges_fresh_failures_against_the_declared_symptoms(
     )
 
 
-def _row(seconds: float, why: str = "") -> verify.Planned:
-    recorded = type("Recorded", (), {"seconds": seconds})()
+def _row(seconds: float, why: str = "", machine: dict | None = None) -> verify.Planned:
+    here = machine if machine is not None else prove.fingerprint()
+    fields = {"seconds": seconds, "with_fix_seconds": seconds, "machine": here}
+    recorded = type("Recorded", (), fields)()
     subject = type("Subject", (), {"tests": ["t"]})()
     return verify.Planned(subject, None, recorded, why)
 
@@ -512,13 +567,50 @@ def test_the_runs_own_proofs_spend_the_audit_budget_first():
     assert verify.pick_rotation([run], 1, 2, 0)[0] == instant
 
 
+def test_rows_proved_on_another_kind_of_machine_are_audited_first():
+    elsewhere = {**prove.fingerprint(), "cpu_flags": ["avx2"]}
+    rows = [_row(100), _row(100, machine=elsewhere), _row(100), _row(50, machine=elsewhere)]
+    run = type("Run", (), {"rows": lambda self: rows})()
+    # Groups of 400 test-seconds: rows 0-1 and rows 2-3.
+    picked, number, groups = verify.pick_rotation([run], 10 / 1.5, 1, 0)
+    assert (number, groups) == (0, 2)
+    # The group's row from elsewhere first, then the group, then, within the
+    # budget, the other group's row from elsewhere; never row 2.
+    assert picked == [rows[1], rows[0]]
+    picked, _, _ = verify.pick_rotation([run], 10 / 1.2, 1, 0)
+    assert picked == [rows[1], rows[0], rows[3]]
+
+
+def test_the_fingerprint_is_data_and_not_in_the_key(project, queue):
+    file = ledger.path(project.base)
+    data = json.loads(file.read_text())
+    data["rows"][0]["machine"] = {**data["rows"][0]["machine"], "cpus": 512}
+    file.write_text(json.dumps(data))
+    assert _plan(project) == {"0001": "", "0002": "", "0003": ""}
+    said = ledger.proved_here(project.base)
+    assert said == "v9.9.9: 2 of 3 rows proved on a machine like this (the others differ in cpus)"
+
+
+def test_renaming_an_input_field_keeps_every_key(project, queue):
+    row = next(iter(ledger.load(project.base).proofs.values()))
+    renamed = {f"renamed_{name}": value for name, value in vars(row.inputs).items()}
+    assert ledger.digest(renamed.values()) == row.key
+
+
+def test_the_platform_is_in_the_key(project, queue, monkeypatch):
+    monkeypatch.setattr(prove, "coarse_platform", lambda: "Linux aarch64")
+    assert all(
+        why.startswith("changed: the platform") for why in _plan(project).values()
+    )
+
+
 def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
     file = ledger.path(project.base)
     data = json.loads(file.read_text())
     data["rows"][0]["inputs"]["tree_without_fix"] = "0" * 40
     file.write_text(json.dumps(data))
     assert _plan(project)["0001"] == "no row in the ledger"
-    [problem] = [p for p in ledger.stale(project.base) if "edited by hand" in p]
+    [problem] = [p for p in verify.stale(project.base) if "edited by hand" in p]
     assert queue[0] in problem and "run `make verify" in problem
 
 

@@ -6,29 +6,37 @@ way a build cache keeps an action's result. One row per patch in ``series``,
 keyed by the digest of its inputs: the git tree of the whole queue (with the
 fix) and of the queue with the fix undone, the locked sets of the environments
 the tests ran in (read from ``locks/<base>/``), the content of the harness and
-of the proof code (``forktools/prove.py``), and the test functions run. Its
-value is what was observed with and without the fix, when, and in how many
-seconds.
+of the proof code (``forktools/proof/prove.py``), the test functions run and the
+coarse platform (operating system and architecture). Its value is what was
+observed with and without the fix, case by case, when, in how many seconds,
+and on what machine (``prove.fingerprint``: data the audit and ``make check``
+read, not part of the key, so that a ledger holds on the next machine of the
+same kind).
+
+The key digests the inputs' values in their order, not the names the file
+gives them: renaming a field proves nothing again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 
-from forktools import git, materialize, prove, queue, venv
+from forktools import git, queue
 from forktools.pins import Base, ForkError
-from forktools.prove import Outcome
+from forktools.proof import prove
+from forktools.proof.prove import Outcome
 
 FILE = "proof.json"
 KEY_SHOWN = 12
 
 
-def digest(inputs: dict) -> str:
-    """The key of a record's inputs: sha256 of their sorted JSON."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+def digest(values: Iterable) -> str:
+    """The key of a record's input values, in order: sha256 of their JSON."""
+    return hashlib.sha256(json.dumps(list(values)).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -41,10 +49,11 @@ class Inputs:
     harness: str
     verify: str
     tests: tuple[str, ...]
+    platform: str
 
     @property
     def key(self) -> str:
-        return digest(asdict(self))
+        return digest(astuple(self))
 
     def changed(self, recorded: Inputs) -> list[str]:
         """What differs from ``recorded``, in words; empty when nothing does."""
@@ -53,8 +62,9 @@ class Inputs:
             "tree_without_fix": "the tree without the fix",
             "environment": "the locked environments (locks/<base>/)",
             "harness": "forktools/harness/",
-            "verify": "forktools/prove.py",
+            "verify": "forktools/proof/prove.py",
             "tests": "the tests run",
+            "platform": "the platform (operating system, architecture)",
         }
         mine, theirs = asdict(self), asdict(recorded)
         return [
@@ -75,6 +85,8 @@ class Proof:
     without_fix: Outcome
     proved: str  # the date, ISO 8601
     seconds: float  # of the without-fix run
+    with_fix_seconds: float
+    machine: dict  # prove.fingerprint() of the machine it was proved on
 
     @property
     def key(self) -> str:
@@ -88,6 +100,8 @@ class Proof:
             "undone_by": self.undone_by,
             "proved": self.proved,
             "seconds": round(self.seconds),
+            "with_fix_seconds": round(self.with_fix_seconds),
+            "machine": self.machine,
             "with_fix": self.with_fix.to_json(),
             "without_fix": self.without_fix.to_json(),
         }
@@ -96,6 +110,7 @@ class Proof:
     def from_json(cls, data: dict) -> Proof:
         inputs = dict(data["inputs"])
         inputs["tests"] = tuple(inputs["tests"])
+        inputs.setdefault("platform", "")  # a row from before platforms were keyed
         return cls(
             data["patch"],
             Inputs(**inputs),
@@ -104,6 +119,8 @@ class Proof:
             Outcome.from_json(data["without_fix"]),
             data["proved"],
             float(data["seconds"]),
+            float(data.get("with_fix_seconds", 0.0)),
+            dict(data.get("machine", {})),
         )
 
 
@@ -151,9 +168,15 @@ def load(base: Base) -> Ledger:
             del ledger.proofs[proof.patch]
             ledger.problems.append(
                 f"{file.name}: the row of {proof.patch} says key {row.get('key')}, "
-                f"its inputs make {proof.key} (edited by hand?)"
+                f"its inputs make {proof.key} ({_why_keys_differ(row)})"
             )
     return ledger
+
+
+def _why_keys_differ(row: dict) -> str:
+    if "machine" not in row:
+        return "written by a make verify that keyed rows otherwise"
+    return "edited by hand?"
 
 
 def save(base: Base, ledger: Ledger) -> Path:
@@ -192,6 +215,7 @@ class Subject:
             environment,
             **prove.code_digests(),
             tests=tuple(self.tests),
+            platform=prove.coarse_platform(),
         )
 
 
@@ -210,50 +234,26 @@ def subjects(base: Base, tree: Path) -> list[Subject | ForkError]:
     return found
 
 
-def stale(base: Base) -> list[str]:
-    """Where the base's ledger no longer matches its queue and locks; empty
-    if it does. The environments are read from the locks: nothing is built."""
-    entries = queue.entries(base)
-    if not entries:
-        return []
-    ledger = load(base)
-    where = f"patches/{base.name}/{FILE}"
-    run = f"run `make verify BASE={base.name}`"
-    found = [f"patches/{base.name}/{problem}; {run}" for problem in ledger.problems]
-    if not ledger.proofs:
-        return found + [f"{where}: no proofs for {len(entries)} patch(es); {run}"]
-    tree = materialize.ensure(base)
-    tree_with_fix = prove.tree_with_fix(tree)
-    environment = environment_digest(base, venv.environments(base))
-    for subject in subjects(base, tree):
-        if isinstance(subject, ForkError):
-            found.append(str(subject))
-            continue
-        name = subject.entry.name
-        proof = ledger.proofs.get(name)
-        if proof is None:
-            found.append(f"{where}: no row for {name}; {run}")
-            continue
-        changed = subject.inputs(tree_with_fix, environment).changed(proof.inputs)
-        if changed:
-            found.append(f"{where}: {name} is stale: {'; '.join(changed)}; {run}")
-    listed = {entry.name for entry in entries}
-    found += [
-        f"{where}: a row for {name}, which series does not list; {run}"
-        for name in ledger.proofs
-        if name not in listed
-    ]
-    return found
+def proved_here(base: Base) -> str:
+    """How many of the base's rows were proved on a machine like this one
+    (``prove.fingerprint``), and how the others' machines differ."""
+    proofs = list(load(base).proofs.values())
+    here = prove.fingerprint()
+    elsewhere = [proof for proof in proofs if proof.machine != here]
+    like = len(proofs) - len(elsewhere)
+    said = f"{base.name}: {like} of {len(proofs)} rows proved on a machine like this"
+    differs = sorted(
+        {
+            name
+            for proof in elsewhere
+            for name in set(here) | set(proof.machine)
+            if proof.machine.get(name) != here.get(name)
+        }
+    )
+    return said + (f" (the others differ in {', '.join(differs)})" if differs else "")
 
 
 def _short(value) -> str:
     if isinstance(value, tuple):
         return f"{len(value)} test(s)"
     return str(value)[:KEY_SHOWN]
-
-
-def current_proof(base: Base, patch: str) -> Proof | None:
-    """The ledger's row of ``patch``, if the ledger is current (as ``make
-    check`` tells, the environment aside)."""
-    proof = load(base).proofs.get(patch)
-    return None if proof is None or stale(base) else proof

@@ -3,13 +3,13 @@
 For every commit of every queue: the test functions it adds must all pass
 with the whole queue applied, and with the commit's source hunks reverted
 (its tests kept) at least one must fail, every failure its test's declared
-symptom (``forktools/symptoms.py``), nothing erroring in collection or
+symptom (``forktools/proof/symptoms.py``), nothing erroring in collection or
 setup. A test-only commit names a patch that puts the bug back instead,
 ``patches/<base>/verify/<patch>.without-fix.diff``.
 
 Both halves are facts about exact inputs (the trees with and without the
 fix, the locked environments, the harness, the proof code, the tests), kept
-in the base's proof ledger (``forktools/ledger.py``) under one key and
+in the base's proof ledger (``forktools/proof/ledger.py``) under one key and
 proved again only when a row's key changed, or for every row with
 ``fresh``: a test result is an action output, as a build cache keeps it.
 Each run also audits reused rows, both halves again, within a budget of
@@ -23,20 +23,19 @@ scheduled across the CPUs longest first, rows of all bases side by side.
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime
-import os
+import functools
 import random
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools import check, ledger, materialize, pins, prove, queue, symptoms, venv
-from forktools.ledger import Ledger, Proof, Subject
+from forktools import check, materialize, pins, queue, venv
 from forktools.pins import Base, ForkError
-from forktools.prove import Outcome, variant_of
+from forktools.proof import ledger, prove, schedule, symptoms
+from forktools.proof.ledger import Ledger, Proof, Subject
+from forktools.proof.prove import Outcome, variant_of
 from forktools.table import render
 
 UNKNOWN_SECONDS = 300.0  # a row's tests, with or without its fix
@@ -50,7 +49,6 @@ class Row:
     tests: int
     with_fix: Outcome | None
     without_fix: Outcome | None
-    seconds: float
     problem: str = ""
     nodeids: list[str] = field(default_factory=list)
     undone_by: str = ""
@@ -107,16 +105,15 @@ class BaseRun:
         return [p for p in self.planned if isinstance(p, Planned)]
 
 
-def _estimate(planned: Planned) -> float:
-    """Expected seconds of the row's tests: those its last proof took."""
+def _estimate(planned: Planned, half: str = "without") -> float:
+    """Expected seconds of one half of the row's tests: those its last
+    proof took."""
     recorded = planned.recorded
-    return recorded.seconds if recorded else UNKNOWN_SECONDS
-
-
-@dataclass
-class Job:
-    estimate: float
-    run: Callable[[], None]
+    if recorded is None:
+        return UNKNOWN_SECONDS
+    if half == "with" and recorded.with_fix_seconds:
+        return recorded.with_fix_seconds
+    return recorded.seconds
 
 
 def prepare(base: Base, fresh: bool) -> BaseRun:
@@ -143,6 +140,44 @@ def prepare(base: Base, fresh: bool) -> BaseRun:
             Planned(subject, inputs, recorded, _why(inputs, recorded, fresh))
         )
     return run
+
+
+def stale(base: Base) -> list[str]:
+    """Where the base's ledger no longer matches its queue and locks, as
+    ``make verify`` would plan it (``prepare``); empty if it does. The
+    environments are read from the locks: nothing is built."""
+    if not queue.entries(base):
+        return []
+    run = prepare(base, fresh=False)
+    where = f"patches/{base.name}/{ledger.FILE}"
+    again = f"run `make verify BASE={base.name}`"
+    found = [f"patches/{base.name}/{p}; {again}" for p in run.ledger.problems]
+    if not run.ledger.proofs:
+        rows = len(run.planned)
+        return found + [f"{where}: no proofs for {rows} patch(es); {again}"]
+    for planned in run.planned:
+        if isinstance(planned, ForkError):
+            found.append(str(planned))
+        elif planned.recorded is None:
+            found.append(f"{where}: no row for {planned.subject.entry.name}; {again}")
+        elif planned.why:
+            changed = "; ".join(planned.inputs.changed(planned.recorded.inputs))
+            name = planned.subject.entry.name
+            found.append(f"{where}: {name} is stale: {changed}; {again}")
+    listed = {p.subject.entry.name for p in run.rows()}
+    found += [
+        f"{where}: a row for {name}, which series does not list; {again}"
+        for name in run.ledger.proofs
+        if name not in listed
+    ]
+    return found
+
+
+def current_proof(base: Base, patch: str) -> Proof | None:
+    """The ledger's row of ``patch``, if the ledger is current (as ``make
+    check`` tells, the environment aside)."""
+    proof = ledger.load(base).proofs.get(patch)
+    return None if proof is None or stale(base) else proof
 
 
 def equip(run: BaseRun) -> BaseRun:
@@ -220,7 +255,7 @@ def pick_audits(runs: list[BaseRun], count: int, seed: int) -> list[Planned]:
 
 def _cost(planned: Planned) -> float:
     """Test-seconds of both halves of a row."""
-    return 2 * _estimate(planned)
+    return _estimate(planned, "with") + _estimate(planned)
 
 
 def audit_groups(rows: list[Planned], budget: float) -> list[list[Planned]]:
@@ -239,26 +274,45 @@ def pick_rotation(
     runs: list[BaseRun], minutes: float, workers: int, turn: int
 ) -> tuple[list[Planned], int, int]:
     """The reused rows of rotation group ``turn`` (modulo the groups), as far
-    as the budget left after this run's own proofs allows; with the group's
-    number and the number of groups."""
+    as the budget left after this run's own proofs allows, those proved on
+    another kind of machine first; then, while budget is left, other rows
+    proved on another kind of machine. With the group's number and the
+    number of groups."""
     budget = minutes * 60 * workers
-    groups = audit_groups(_reused(runs), budget)
+    reused = _reused(runs)
+    groups = audit_groups(reused, budget)
     if not groups or budget <= 0:
         return [], 0, len(groups)
     number = turn % len(groups)
     left = budget - sum(_cost(p) for run in runs for p in run.rows() if p.why)
-    picked = []
-    for planned in groups[number]:
+    here = prove.fingerprint()
+    group = sorted(groups[number], key=lambda p: not _elsewhere(p, here))
+    start = reused.index(groups[number][0])
+    others = [
+        p
+        for p in reused[start:] + reused[:start]
+        if _elsewhere(p, here) and p not in group
+    ]
+    picked: list[Planned] = []
+    for planned in group + others:
         # A row longer than the budget is a group of its own, audited alone
         # when this run proves nothing else.
         alone = not picked and left >= budget > 0
         if _cost(planned) > left and not alone:
-            break
+            if planned in group:
+                break
+            continue
         picked.append(planned)
         left -= _cost(planned)
     for planned in picked:
         planned.audited = True
     return picked, number, len(groups)
+
+
+def _elsewhere(planned: Planned, here: dict) -> bool:
+    """Whether the row was proved on a machine unlike this one."""
+    assert planned.recorded is not None
+    return planned.recorded.machine != here
 
 
 def commit_count() -> int:
@@ -272,7 +326,7 @@ def commit_count() -> int:
         return 0
 
 
-def jobs_for(runs: list[BaseRun]) -> list[Job]:
+def jobs_for(runs: list[BaseRun]) -> list[schedule.Job]:
     """Every test run, longest expected first. Each row's tests run in a
     session of their own, with every fix and without the row's: the same
     tests, only the tree differs; and one row's tests cannot leave another's
@@ -283,10 +337,11 @@ def jobs_for(runs: list[BaseRun]) -> list[Job]:
             # A reused row's halves are both in the ledger under its key.
             if not planned.subject.tests or not planned.proves:
                 continue
-            estimate = _estimate(planned)
-            jobs.append(Job(estimate, lambda r=run, p=planned: _run_with_fix(r, p)))
-            jobs.append(Job(estimate, lambda r=run, p=planned: _run_without_fix(r, p)))
-    return sorted(jobs, key=lambda job: -job.estimate)
+            with_fix = functools.partial(_run_with_fix, run, planned)
+            without = functools.partial(_run_without_fix, run, planned)
+            jobs.append(schedule.Job(_estimate(planned, "with"), with_fix))
+            jobs.append(schedule.Job(_estimate(planned), without))
+    return schedule.ordered(jobs)
 
 
 def _run_with_fix(run: BaseRun, planned: Planned) -> None:
@@ -323,18 +378,12 @@ def _run(
     return outcome, time.monotonic() - started
 
 
-def execute(jobs: list[Job], workers: int) -> None:
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for future in [pool.submit(job.run) for job in jobs]:
-            future.result()
-
-
 def conclude(run: BaseRun, today: str) -> list[Row]:
     """The base's rows, judged; the ledger updated with what was proved."""
     rows, proofs = [], {}
     for planned in run.planned:
         if isinstance(planned, ForkError):
-            rows.append(Row(run.base.name, "?", 0, None, None, 0.0, str(planned)))
+            rows.append(Row(run.base.name, "?", 0, None, None, str(planned)))
             continue
         row, proof = _conclude_row(run, planned, today)
         if row.without_fix and not symptoms.problems(row.without_fix, run.declared):
@@ -358,7 +407,6 @@ def _conclude_row(
         len(subject.tests),
         None,
         None,
-        0.0,
         nodeids=subject.tests,
         undone_by=subject.undone_by,
     )
@@ -370,7 +418,7 @@ def _conclude_row(
         assert planned.with_fix is not None
         row.with_fix = planned.with_fix
         assert planned.observed is not None
-        row.without_fix, row.seconds = planned.observed, planned.seconds
+        row.without_fix = planned.observed
         row.proof = f"proved in {planned.seconds:.0f} s"
         proof = Proof(
             subject.entry.name,
@@ -380,6 +428,8 @@ def _conclude_row(
             planned.observed,
             today,
             planned.seconds,
+            planned.with_fix_seconds,
+            prove.fingerprint(),
         )
         row.problem = _judge(row.with_fix, row.without_fix, run.declared)
         # What the tests showed is kept whatever the declarations say: they
@@ -388,7 +438,7 @@ def _conclude_row(
         return row, proof if observed_failing else None
     assert recorded is not None
     row.with_fix = recorded.with_fix
-    row.without_fix, row.seconds = recorded.without_fix, recorded.seconds
+    row.without_fix = recorded.without_fix
     row.proof = f"reused (key {recorded.key[: ledger.KEY_SHOWN]}, {recorded.proved})"
     row.problem = _judge(row.with_fix, row.without_fix, run.declared)
     if planned.audited:
@@ -550,11 +600,6 @@ def _ratio(outcome: Outcome | None, field: str) -> str:
     return f"{getattr(outcome, field)}/{outcome.total} {field}"
 
 
-def default_jobs() -> int:
-    """One test run per CPU: each keeps about one core busy."""
-    return os.cpu_count() or 1
-
-
 def main(
     bases: list[Base],
     jobs: int | None = None,
@@ -582,7 +627,7 @@ def main(
                     f"prove ({planned.why})",
                     file=sys.stderr,
                 )
-    workers = jobs or default_jobs()
+    workers = jobs or schedule.default_jobs()
     if audit is not None:
         seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
         audited = pick_audits(runs, audit, seed)
@@ -602,7 +647,7 @@ def main(
     for run in runs:
         equip(run)
     started = time.monotonic()
-    execute(jobs_for(runs), workers)
+    schedule.execute(jobs_for(runs), workers)
     wall = time.monotonic() - started
     today = datetime.date.today().isoformat()
     rows = []

@@ -4,22 +4,21 @@ For each source hunk of a fix patch, the patch's tests run on the whole queue
 with that hunk alone reverted. A hunk whose reversal fails no test is one no
 test needs: it gets a test, leaves the patch, or the patch's body says why it
 stays. Nothing is kept in the proof ledger: this runs on demand, its cost is
-a test run per hunk.
+a test run per hunk, every hunk of every patch a job of one scheduler.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
 import re
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import git, materialize, prove, queue, venv
+from forktools import git, materialize, queue, venv
 from forktools.pins import Base, ForkError
-from forktools.prove import Outcome
+from forktools.proof import ledger, prove, schedule
+from forktools.proof.prove import Outcome
 from forktools.table import render
 
 _HUNK_HEADER = re.compile(
@@ -45,7 +44,6 @@ class Need:
     hunk: Hunk
     outcome: Outcome | None = None
     problem: str = ""
-    seconds: float = 0.0
 
     @property
     def needed(self) -> bool:
@@ -105,9 +103,10 @@ def tree_without(tree: Path, hunk: Hunk) -> str:
 
 def main(bases: list[Base], patch: int | None = None) -> int:
     """For each fix patch of ``bases`` (or patch number ``patch``), each hunk's
-    need; the table, and non-zero when a hunk no test needs is found."""
-    lines = [("base", "patch", "hunk", "tests failing without it", "needed")]
-    unneeded = 0
+    need; the table, and non-zero when a hunk no test needs is found. Every
+    hunk's run is a job of the proof's one scheduler."""
+    found: list[tuple[Base, str, Need]] = []
+    jobs: list[schedule.Job] = []
     for base in bases:
         tree = materialize.ensure(base)
         materialize.refuse_if_unexported(tree, f"verify the hunks of {base.name}")
@@ -118,41 +117,40 @@ def main(bases: list[Base], patch: int | None = None) -> int:
             if not 1 <= patch <= len(entries):
                 raise ForkError(f"patches/{base.name} has no patch #{patch}")
             entries = [entries[patch - 1]]
+        recorded = ledger.load(base).proofs
         for entry, commit in entries:
             tests = prove.added_tests(tree, commit)
-            for need in _needs(tree, commit, tests, python, engine, entry.name):
-                unneeded += not need.needed
-                lines.append(_line(base, entry.name, need))
+            hunks = source_hunks(tree, commit)
+            proof = recorded.get(entry.name)
+            estimate = proof.with_fix_seconds if proof else 0.0
+            for number, hunk in enumerate(hunks, 1):
+                need = Need(hunk)
+                found.append((base, entry.name, need))
+                label = f"{entry.name[:4]} hunk {number}/{len(hunks)}"
+                run = _runner(tree, tests, python, engine, label, need)
+                jobs.append(schedule.Job(estimate, run))
+    schedule.execute(jobs)
+    lines = [("base", "patch", "hunk", "tests failing without it", "needed")]
+    lines += [_line(base, name, need) for base, name, need in found]
     print(render(lines))
-    return 1 if unneeded else 0
+    return 1 if any(not need.needed for _, _, need in found) else 0
 
 
-def _needs(tree, commit, tests, python, engine, name) -> list[Need]:
-    """Each hunk's need, one test run per CPU at a time."""
-    hunks = source_hunks(tree, commit)
+def _runner(tree, tests, python, engine, label, need: Need) -> Callable[[], None]:
+    """The job that runs ``tests`` with ``need``'s hunk alone reverted."""
 
-    def need_of(number: int, hunk: Hunk) -> Need:
-        print(
-            f"hunks: {name[:4]} hunk {number}/{len(hunks)}: {hunk.where}",
-            file=sys.stderr,
-        )
-        need = Need(hunk)
+    def run() -> None:
+        print(f"hunks: {label}: {need.hunk.where}", file=sys.stderr)
         if not tests:
             need.problem = "the patch adds no tests"
-            return need
-        started = time.monotonic()
+            return
         try:
-            with prove.checkout(tree, tree_without(tree, hunk)) as worktree:
-                need.outcome = prove.run_tests(
-                    python, worktree, tests, engine, f"{name[:4]} hunk {number}"
-                )
+            with prove.checkout(tree, tree_without(tree, need.hunk)) as worktree:
+                need.outcome = prove.run_tests(python, worktree, tests, engine, label)
         except ForkError as error:
             need.problem = str(error)
-        need.seconds = time.monotonic() - started
-        return need
 
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        return list(pool.map(need_of, range(1, len(hunks) + 1), hunks))
+    return run
 
 
 def _line(base: Base, name: str, need: Need) -> tuple[str, ...]:

@@ -22,8 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from forktools import git, ledger, materialize, prove, venv
+from forktools import git, materialize, venv
 from forktools.pins import Base, ForkError
+from forktools.proof import ledger, prove, schedule
 
 READ_ONLY = "test_read_only"
 RECORD = "read_only.json"
@@ -56,6 +57,7 @@ def inputs(base: Base, tree: Path, nodeids: list[str]) -> dict:
         **prove.code_digests(),
         "read_only": prove.content_digest(Path(__file__).resolve()),
         "tests": nodeids,
+        "platform": prove.coarse_platform(),
     }
 
 
@@ -69,7 +71,7 @@ def recorded(base: Base) -> dict:
 
 def _record(base: Base, inputs: dict, outcome: prove.Outcome) -> None:
     record = {
-        "key": ledger.digest(inputs),
+        "key": ledger.digest(inputs.values()),
         "inputs": inputs,
         "calls": outcome.calls,
         "proved": datetime.date.today().isoformat(),
@@ -90,12 +92,8 @@ def _python_without_capabilities(python: Path, folder: Path) -> Path:
 
 
 def main(bases: list[Base], fresh: bool = False) -> int:
-    """Each base's read-only tests, up to one base per CPU at once; a base
-    whose record's key holds is reused unless ``fresh``."""
-    import concurrent.futures
-
-    from forktools import verify
-
+    """Each base's read-only tests, a job of the proof's one scheduler each;
+    a base whose record's key holds is reused unless ``fresh``."""
     if shutil.which(DROP_CAPABILITIES[0]) is None:
         raise ForkError(
             "the read-only tests without capabilities need setpriv (util-linux): "
@@ -109,7 +107,7 @@ def main(bases: list[Base], fresh: bool = False) -> int:
             print(f"read-only: {base.name}: the queue has no read-only test")
             continue
         now, record = inputs(base, tree, nodeids), recorded(base)
-        if not fresh and record.get("key") == ledger.digest(now):
+        if not fresh and record.get("key") == ledger.digest(now.values()):
             passed = sum(result == "passed" for result in record["calls"].values())
             print(
                 f"read-only: {base.name}: reused (key {record['key'][:12]}, "
@@ -117,15 +115,15 @@ def main(bases: list[Base], fresh: bool = False) -> int:
             )
             continue
         runs.append((base, tree, nodeids, now))
-    workers = verify.default_jobs()
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        concurrent.futures.ThreadPoolExecutor(workers) as pool,
-    ):
-        failed = [
-            name for name in pool.map(lambda r: _run(*r, Path(tmp)), runs) if name
-        ]
-    return 1 if failed else 0
+    failed: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        schedule.execute(
+            [
+                schedule.Job(0.0, lambda r=run: failed.append(_run(*r, Path(tmp))))
+                for run in runs
+            ]
+        )
+    return 1 if any(failed) else 0
 
 
 def _run(base: Base, tree: Path, nodeids: list[str], now: dict, tmp: Path) -> str:

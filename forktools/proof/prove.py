@@ -2,15 +2,17 @@
 
 Everything that decides an observation lives here or in the harness, so the
 content of this file and of ``forktools/harness/`` is part of every proof
-ledger key (``forktools/ledger.py``). Scheduling, judging and the table
-(``forktools/verify.py``) can change without re-proving anything.
+ledger key (``forktools/proof/ledger.py``). Scheduling, judging and the table
+(``forktools/proof/verify.py``) can change without re-proving anything.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -26,7 +28,9 @@ from forktools.pins import ROOT, Base, ForkError
 HARNESS = ROOT / "forktools" / "harness"
 PROOF_CODE = Path(__file__).resolve()
 ASSERTIONS = {"AssertionError", "Failed"}
-_ADDED_TEST = re.compile(r"^\+def (test_\w+)\(", re.MULTILINE)
+_HUNK = re.compile(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", re.MULTILINE)
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+KERNEL_FLAGS = ("avx512", "amx")
 _LOCKED_SET = (
     "import importlib.metadata as m, json, platform\n"
     "names = {f\"{d.metadata['Name'].lower()}=={d.version}\"\n"
@@ -46,6 +50,8 @@ class Outcome:
     failures: dict[str, str] = field(default_factory=dict)
     # Anything but a clean call phase: setup, teardown, collection, skips.
     errors: list[str] = field(default_factory=list)
+    # Seconds of each test case, its setup and teardown included.
+    seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> int:
@@ -80,16 +86,20 @@ class Outcome:
 
     def to_json(self) -> dict:
         return {
-            "passed": self.passed,
-            "failed": self.failed,
             "calls": self.calls,
             "failures": self.failures,
             "errors": self.errors,
+            "seconds": {name: round(s, 1) for name, s in self.seconds.items()},
         }
 
     @classmethod
     def from_json(cls, data: dict) -> Outcome:
-        return cls(dict(data["calls"]), dict(data["failures"]), list(data["errors"]))
+        return cls(
+            dict(data["calls"]),
+            dict(data["failures"]),
+            list(data["errors"]),
+            dict(data.get("seconds", {})),
+        )
 
 
 def variant_of(nodeid: str) -> str:
@@ -101,12 +111,57 @@ def variant_of(nodeid: str) -> str:
 
 
 def added_tests(tree: Path, commit: str) -> list[str]:
-    """Node ids of the top-level test functions that ``commit`` adds."""
+    """Node ids of the tests ``commit`` adds or changes: test functions,
+    ``async`` ones included, and test methods of ``Test*`` classes, whose
+    lines (decorators included) the commit touches, in file order."""
     nodeids = []
     for path in _changed(tree, commit, "tests"):
-        diff = git.out(tree, "show", "--format=", commit, "--", path)
-        nodeids += [f"{path}::{name}" for name in _ADDED_TEST.findall(diff)]
+        if not Path(path).name.startswith("test_") or not path.endswith(".py"):
+            continue
+        source = git.run(tree, "show", f"{commit}:{path}", check=False).stdout
+        touched = _touched_lines(tree, commit, path)
+        nodeids += [
+            f"{path}::{name}"
+            for name, lines in _test_spans(source)
+            if touched.intersection(lines)
+        ]
     return nodeids
+
+
+def _touched_lines(tree: Path, commit: str, path: str) -> set[int]:
+    """Lines of ``path`` at ``commit`` that it adds or changes; a deletion
+    counts for the two lines around it."""
+    diff = git.out(tree, "diff", "--unified=0", f"{commit}^", commit, "--", path)
+    touched: set[int] = set()
+    for start, count in _HUNK.findall(diff):
+        first, length = int(start), int(count or 1)
+        touched.update(range(first, first + length) if length else (first, first + 1))
+    return touched
+
+
+def _test_spans(source: str) -> list[tuple[str, range]]:
+    """Each test of a module and the lines it spans: ``name`` of a function,
+    ``Class::name`` of a method of a test class."""
+    try:
+        module = ast.parse(source)
+    except SyntaxError:
+        return []
+    spans = []
+    for node in module.body:
+        if isinstance(node, _FUNCTIONS) and node.name.startswith("test"):
+            spans.append((node.name, _span(node)))
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            spans += [
+                (f"{node.name}::{method.name}", _span(method))
+                for method in node.body
+                if isinstance(method, _FUNCTIONS) and method.name.startswith("test")
+            ]
+    return spans
+
+
+def _span(node: ast.FunctionDef | ast.AsyncFunctionDef) -> range:
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return range(first, (node.end_lineno or node.lineno) + 1)
 
 
 def _changed(tree: Path, commit: str, *pathspec: str) -> list[str]:
@@ -267,24 +322,80 @@ def run_tests(
     return summarize(records)
 
 
-# Settings a caller's shell may hold that change what the tests observe. The
-# ledger's key does not hold them, so the tests must not see them either.
-CALLER_SETTINGS = ("VLLM_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_", "PYTORCH_")
+# What the tests see of the caller's environment: where programs, home and
+# scratch space are, the locale and the proxies. Anything else a shell may
+# hold (PYTEST_ADDOPTS, CXX, OMP_*, LD_PRELOAD, MASTER_PORT, VLLM_*) would
+# change what they observe while no ledger key holds it.
+PROXIES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
+PASSED_THROUGH = ("PATH", "HOME", "TMPDIR", "LANG", *PROXIES)
 
 
 def caller_environment() -> dict[str, str]:
-    """This process's environment without the settings of CALLER_SETTINGS."""
+    """The variables of PASSED_THROUGH this process has."""
     return {
         name: value
         for name, value in os.environ.items()
-        if not name.startswith(CALLER_SETTINGS)
+        if name in PASSED_THROUGH or name.lower() in PASSED_THROUGH
     }
+
+
+def coarse_platform() -> str:
+    """The part of the machine in every key: operating system and machine
+    architecture (the Python build is in the locked sets), so a ledger holds
+    on the next machine of the same kind."""
+    return f"{platform.system()} {platform.machine()}"
+
+
+def fingerprint() -> dict[str, object]:
+    """What else of the machine a proof ran on may change an observation,
+    kept as data beside each row: who ran it (root with capabilities takes
+    other code paths in the read-only tests), the CPUs and the flags that
+    pick kernels, the C++ compiler Inductor calls, the kernel release."""
+    return {
+        "uid": os.getuid(),
+        "capabilities": _effective_capabilities() != 0,
+        "cpus": os.cpu_count() or 0,
+        "cpu_flags": _kernel_flags(),
+        "cxx": _compiler_version(),
+        "kernel": platform.release(),
+    }
+
+
+def _effective_capabilities() -> int:
+    status = Path("/proc/self/status")
+    text = status.read_text() if status.exists() else ""
+    found = re.search(r"^CapEff:\s*([0-9a-f]+)", text, re.MULTILINE)
+    return int(found.group(1), 16) if found else 0
+
+
+def _kernel_flags() -> list[str]:
+    """The CPU flags that pick vector kernels: avx2, avx512*, amx*."""
+    cpuinfo = Path("/proc/cpuinfo")
+    text = cpuinfo.read_text() if cpuinfo.exists() else ""
+    found = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
+    flags = found.group(1).split() if found else []
+    return sorted(f for f in set(flags) if f == "avx2" or f.startswith(KERNEL_FLAGS))
+
+
+def _compiler_version() -> str:
+    """The first line of ``g++ --version``: the compiler Inductor calls
+    when the tests see no CXX."""
+    try:
+        result = subprocess.run(
+            ["g++", "--version"], capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return "none"
+    return result.stdout.partition("\n")[0].strip() or "none"
 
 
 def summarize(records: list[dict]) -> Outcome:
     outcome = Outcome()
     for record in records:
         nodeid, kind = record["nodeid"], record["exception"]
+        if "seconds" in record:
+            spent = outcome.seconds.get(nodeid, 0.0) + record["seconds"]
+            outcome.seconds[nodeid] = spent
         if record["when"] == "call":
             outcome.calls[nodeid] = record["outcome"]
             if record["outcome"] == "failed":

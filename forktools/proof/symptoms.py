@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 
 from forktools import pins
 from forktools.pins import Base, ForkError
-from forktools.prove import Outcome
+from forktools.proof.prove import Outcome
 
 FILE = "symptoms.toml"
 
