@@ -21,6 +21,7 @@ reads_fixes := BASE
 reads_status := BASE FETCH WIDE
 reads_verify := BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED HUNKS PATCH
 reads_read-only := BASE FRESH
+reads_costs := BASE
 reads_lint := BASE
 reads_wheel := BASE ALL NO_LOCK
 reads_lock := BASE FROM
@@ -43,7 +44,7 @@ jobs_arg = $(if $(JOBS),--jobs $(JOBS))
 proof_args = $(if $(call on,$(FRESH)),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_MINUTES),--audit-minutes $(AUDIT_MINUTES)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check fixes status verify read-only lint test test-tooling venv lock engine pr bench rebase wheel
+.PHONY: help fork export check fixes status verify read-only costs lint test test-tooling venv lock engine pr bench rebase wheel
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ \
@@ -75,6 +76,9 @@ verify: ## each commit: its tests pass with it, fail without it, kept in patches
 
 read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip; kept in patches/<base>/read_only.json and reused while its key holds (FRESH=1: run again)
 	$(forktools) read-only $(base_arg) $(if $(call on,$(FRESH)),--fresh)
+
+costs: ## where the proof's test-seconds go: per base and test file, with and without the fix, and the costliest cases, from the ledgers (runs no test)
+	$(forktools) costs $(base_arg)
 
 lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)

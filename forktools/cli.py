@@ -117,6 +117,13 @@ def cmd_read_only(args) -> int:
     return proof.main("read-only", _bases(args), fresh=getattr(args, "fresh", False))
 
 
+def cmd_costs(args) -> int:
+    """Where the proof's test-seconds go: per test file, from the ledgers."""
+    from forktools import proof
+
+    return proof.main("costs", _bases(args))
+
+
 def cmd_bench(args) -> int:
     """Fork vs pristine costs, written to BENCHMARKS.md."""
     from forktools import bench
@@ -319,6 +326,7 @@ COMMANDS = {
     "lock": cmd_lock,
     "engine-env": cmd_engine_env,
     "read-only": cmd_read_only,
+    "costs": cmd_costs,
     "test": cmd_test,
     "test-tooling": cmd_test_tooling,
 }

@@ -10,6 +10,7 @@
 - ``hunks``: ``make verify HUNKS=1``, which hunks a fix's tests need.
 - ``readonly``: ``make read-only``, the read-only tests without capabilities.
 - ``schedule``: the one scheduler their test runs share.
+- ``costs``: ``make costs``, where the ledgers' test-seconds go.
 
 ``main`` is the entry the command line calls.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from forktools.pins import Base, ForkError
 
-COMMANDS = ("verify", "hunks", "read-only")
+COMMANDS = ("verify", "hunks", "read-only", "costs")
 
 
 def main(command: str, bases: list[Base], **options) -> int:
@@ -35,4 +36,8 @@ def main(command: str, bases: list[Base], **options) -> int:
         from forktools.proof import readonly
 
         return readonly.main(bases, **options)
+    if command == "costs":
+        from forktools.proof import costs
+
+        return costs.main(bases)
     raise ForkError(f"no proof command {command!r}; one of {', '.join(COMMANDS)}")

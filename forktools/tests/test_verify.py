@@ -604,6 +604,20 @@ def test_the_platform_is_in_the_key(project, queue, monkeypatch):
     )
 
 
+def test_costs_sum_each_test_files_seconds_from_the_ledger(project, queue):
+    from forktools.proof import costs
+
+    files = costs.per_file([project.base])
+    cost = files[(project.base.name, "tests/test_layer_3.py")]
+    proof = ledger.load(project.base).proofs[queue[0]]
+    nodeid = "tests/test_layer_3.py::test_layer_3"
+    both = proof.with_fix.seconds[nodeid] + proof.without_fix.seconds[nodeid]
+    assert cost.cases["test_layer_3"] == pytest.approx(both)
+    assert nodeid in proof.with_fix.seconds and nodeid in proof.without_fix.seconds
+    shown = costs.table([project.base])
+    assert "tests/test_layer_3.py" in shown and "test-seconds" in shown
+
+
 def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
     file = ledger.path(project.base)
     data = json.loads(file.read_text())

@@ -1,0 +1,76 @@
+"""``make costs``: where the proof's test-seconds go, from the ledgers.
+
+Each ledger row keeps the seconds of each case in both halves (setup and
+teardown included); summed per test file, they show which tests a cheaper
+proof starts with, and the costliest cases of each, without running a test.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from forktools.pins import Base
+from forktools.proof import ledger
+from forktools.table import render
+
+CASES_SHOWN = 3
+
+
+@dataclass
+class FileCost:
+    with_fix: float = 0.0
+    without_fix: float = 0.0
+    # Both halves of each case, by its id within the file.
+    cases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @property
+    def both(self) -> float:
+        return self.with_fix + self.without_fix
+
+
+def per_file(bases: list[Base]) -> dict[tuple[str, str], FileCost]:
+    """The seconds of each (base, test file)."""
+    found: dict[tuple[str, str], FileCost] = defaultdict(FileCost)
+    for base in bases:
+        for proof in ledger.load(base).proofs.values():
+            for nodeid, seconds in proof.with_fix.seconds.items():
+                file, _, case = nodeid.partition("::")
+                found[(base.name, file)].with_fix += seconds
+                found[(base.name, file)].cases[case] += seconds
+            for nodeid, seconds in proof.without_fix.seconds.items():
+                file, _, case = nodeid.partition("::")
+                found[(base.name, file)].without_fix += seconds
+                found[(base.name, file)].cases[case] += seconds
+    return found
+
+
+def table(bases: list[Base]) -> str:
+    files = per_file(bases)
+    total = sum(cost.both for cost in files.values())
+    if not files:
+        return (
+            "costs: no ledger row records its cases' seconds; "
+            "`make verify FRESH=1` records them"
+        )
+    lines = [("base", "test file", "with fix", "without", "share", "costliest cases")]
+    for (base, file), cost in sorted(files.items(), key=lambda item: -item[1].both):
+        cases = sorted(cost.cases.items(), key=lambda item: -item[1])
+        shown = ", ".join(f"{case} {s:.0f} s" for case, s in cases[:CASES_SHOWN])
+        lines.append(
+            (
+                base,
+                file,
+                f"{cost.with_fix:.0f} s",
+                f"{cost.without_fix:.0f} s",
+                f"{cost.both / total:.0%}" if total else "-",
+                shown,
+            )
+        )
+    minutes = total / 60
+    return render(lines) + f"\ntotal: {total:.0f} test-seconds ({minutes:.0f} min)"
+
+
+def main(bases: list[Base]) -> int:
+    print(table(bases))
+    return 0
