@@ -259,7 +259,7 @@ def test_judge_names_a_variant_that_does_not_bite():
     spared = _declared(**declared.symptoms, **{"t.py::test_a[split]": SPARED})
     assert verify._judge(with_fix, without, spared) == ""
     lines = verify._variant_lines(
-        verify.Row("b", "p", 2, with_fix, without, 1.0, nodeids=["t.py::test_a"])
+        verify.Row("b", "p", 2, with_fix, without, nodeids=["t.py::test_a"])
     )
     assert [line[1:5] for line in lines] == [
         ("  [mega]", "", "2/2 passed", "2/2 failed"),
