@@ -132,6 +132,8 @@ class Ledger:
     environments: dict[str, list[str]]
     # Rows dropped on load because their key is not their inputs' digest.
     problems: list[str] = field(default_factory=list)
+    # Those rows: their seconds still estimate what proving them costs.
+    dropped: dict[str, Proof] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -165,7 +167,7 @@ def load(base: Base) -> Ledger:
         ) from error
     for proof, row in zip(proofs, data["rows"], strict=True):
         if row.get("key") != proof.key:
-            del ledger.proofs[proof.patch]
+            ledger.dropped[proof.patch] = ledger.proofs.pop(proof.patch)
             ledger.problems.append(
                 f"{file.name}: the row of {proof.patch} says key {row.get('key')}, "
                 f"its inputs make {proof.key} ({_why_keys_differ(row)})"

@@ -72,6 +72,9 @@ class Planned:
     recorded: Proof | None
     why: str  # why it is proved again; "" when its record is reused
     audited: bool = False
+    # A row of the patch whose key is not its inputs' digest (dropped on
+    # load): its seconds still estimate this one's.
+    last: Proof | None = None
     # Its tests with every fix, this run.
     with_fix: Outcome | None = None
     with_fix_seconds: float = 0.0
@@ -108,12 +111,12 @@ class BaseRun:
 def _estimate(planned: Planned, half: str = "without") -> float:
     """Expected seconds of one half of the row's tests: those its last
     proof took."""
-    recorded = planned.recorded
-    if recorded is None:
+    last = planned.recorded or planned.last
+    if last is None:
         return UNKNOWN_SECONDS
-    if half == "with" and recorded.with_fix_seconds:
-        return recorded.with_fix_seconds
-    return recorded.seconds
+    if half == "with" and last.with_fix_seconds:
+        return last.with_fix_seconds
+    return last.seconds
 
 
 def prepare(base: Base, fresh: bool) -> BaseRun:
@@ -136,9 +139,9 @@ def prepare(base: Base, fresh: bool) -> BaseRun:
             continue
         inputs = subject.inputs(run.tree_with_fix, environment)
         recorded = run.ledger.proofs.get(subject.entry.name)
-        run.planned.append(
-            Planned(subject, inputs, recorded, _why(inputs, recorded, fresh))
-        )
+        why = _why(inputs, recorded, fresh)
+        last = run.ledger.dropped.get(subject.entry.name)
+        run.planned.append(Planned(subject, inputs, recorded, why, last=last))
     return run
 
 

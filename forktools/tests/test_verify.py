@@ -624,6 +624,10 @@ def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
     data["rows"][0]["inputs"]["tree_without_fix"] = "0" * 40
     file.write_text(json.dumps(data))
     assert _plan(project)["0001"] == "no row in the ledger"
+    # Its seconds still estimate what proving it again costs.
+    planned = verify.prepare(project.base, fresh=False).rows()[0]
+    assert planned.recorded is None and planned.last is not None
+    assert verify._estimate(planned) == planned.last.seconds
     [problem] = [p for p in verify.stale(project.base) if "edited by hand" in p]
     assert queue[0] in problem and "run `make verify" in problem
 
