@@ -182,8 +182,12 @@ def _why_keys_differ(row: dict) -> str:
 
 
 def save(base: Base, ledger: Ledger) -> Path:
+    """Write the ledger whole or not at all: a run killed while writing
+    leaves the file as it was."""
     file = path(base)
-    file.write_text(json.dumps(ledger.to_json(), indent=1) + "\n")
+    partial = file.with_name(f".{FILE}.partial")
+    partial.write_text(json.dumps(ledger.to_json(), indent=1) + "\n")
+    partial.replace(file)
     return file
 
 

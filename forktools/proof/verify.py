@@ -27,6 +27,7 @@ import datetime
 import functools
 import random
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,6 +351,7 @@ def jobs_for(runs: list[BaseRun]) -> list[schedule.Job]:
 def _run_with_fix(run: BaseRun, planned: Planned) -> None:
     print(f"verify: {_label(run, planned, 'with')}: the whole queue", file=sys.stderr)
     planned.with_fix, planned.with_fix_seconds = _run(run, planned, "with")
+    _keep_when_proved(run, planned)
 
 
 def _run_without_fix(run: BaseRun, planned: Planned) -> None:
@@ -358,6 +360,22 @@ def _run_without_fix(run: BaseRun, planned: Planned) -> None:
     print(f"verify: {_label(run, planned, 'without')}: {said}", file=sys.stderr)
     tree_id = planned.subject.tree_without_fix
     planned.observed, planned.seconds = _run(run, planned, "without", tree_id)
+    _keep_when_proved(run, planned)
+
+
+_SAVING = threading.Lock()
+
+
+def _keep_when_proved(run: BaseRun, planned: Planned) -> None:
+    """Write a row to the ledger as soon as both its halves are proved, so
+    that a run stopped later (killed, out of time) keeps it."""
+    with _SAVING:
+        if not planned.why or planned.with_fix is None or planned.observed is None:
+            return
+        _, proof = _conclude_row(run, planned, datetime.date.today().isoformat())
+        if proof is not None:
+            run.ledger.proofs[proof.patch] = proof
+            ledger.save(run.base, run.ledger)
 
 
 def _label(run: BaseRun, planned: Planned, half: str) -> str:

@@ -454,6 +454,27 @@ def _edit_row(project, index: int, half: str, nodeid: str) -> dict:
     return row
 
 
+def test_a_run_stopped_part_way_keeps_the_rows_it_proved(project, queue, monkeypatch):
+    before = {p.patch: p.key for p in ledger.load(project.base).proofs.values()}
+    run_tests = prove.run_tests
+
+    def stopped_in_the_third_row(python, tree, nodeids, engine=None, label=""):
+        if "0003 without" in label:
+            raise KeyboardInterrupt("out of time")
+        return run_tests(python, tree, nodeids, engine, label)
+
+    monkeypatch.setattr(prove, "run_tests", stopped_in_the_third_row)
+    monkeypatch.setattr(prove, "coarse_platform", lambda: "Linux elsewhere")
+    with pytest.raises(KeyboardInterrupt):
+        verify.main([project.base], 1, audit=0)
+    after = ledger.load(project.base)
+    assert after.problems == []
+    kept = {p.patch: p.inputs.platform for p in after.proofs.values()}
+    assert kept[queue[0]] == kept[queue[1]] == "Linux elsewhere"
+    # The row stopped part-way keeps its record from before the run.
+    assert after.proofs[queue[2]].key == before[queue[2]]
+
+
 def test_a_hand_edited_row_is_caught_by_the_audit_and_fresh_proves_it_again(
     project, queue, capsys
 ):
