@@ -661,6 +661,8 @@ def main(
             f"proofs first: rotation group {number + 1} of {groups} (turn {turn}, "
             f"the commit count; AUDIT_SEED={turn} repeats it; {groups} "
             "consecutive commits audit every row)"
+            if groups
+            else "every row is proved by this run: none is reused to audit"
         )
     names = ", ".join(_name(runs, planned) for planned in audited) or "no row"
     print(f"verify: auditing {names}, {how}", file=sys.stderr)
