@@ -77,7 +77,7 @@ verify: ## each commit: its tests pass with it, fail without it, kept in patches
 read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip; kept in patches/<base>/read_only.json and reused while its key holds (FRESH=1: run again)
 	$(forktools) read-only $(base_arg) $(if $(call on,$(FRESH)),--fresh)
 
-costs: ## where the proof's test-seconds go: per base and test file, with and without the fix, and the costliest cases, from the ledgers (runs no test)
+costs: ## where the proof's test-seconds go: per base and test file, with and without the fix, and the costliest cases, from the ledgers (runs no test); the audit's rotation groups and the next ten commits' turns
 	$(forktools) costs $(base_arg)
 
 lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue

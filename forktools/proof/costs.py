@@ -2,7 +2,8 @@
 
 Each ledger row keeps the seconds of each case in both halves (setup and
 teardown included); summed per test file, they show which tests a cheaper
-proof starts with, and the costliest cases of each, without running a test.
+proof starts with, and the costliest cases of each, without running a test;
+and the audit's rotation, the rows each of the next commits proves again.
 """
 
 from __future__ import annotations
@@ -71,6 +72,33 @@ def table(bases: list[Base]) -> str:
     return render(lines) + f"\ntotal: {total:.0f} test-seconds ({minutes:.0f} min)"
 
 
+def rotation_table(bases: list[Base], turns: int = 10) -> str:
+    """The audit's rotation groups, and those the next ``turns`` commits
+    take (a commit's turn is its commit count)."""
+    from forktools.proof import schedule, verify
+
+    workers = schedule.default_jobs()
+    groups = verify.rotation(bases, verify.AUDIT_MINUTES, workers)
+    if not groups:
+        return "audit rotation: no reused row to audit"
+    turn = verify.commit_count() + 1
+    taken = [(turn + k) % len(groups) for k in range(turns)]
+    lines = [("group", "rows audited", f"minutes on {workers} CPU(s)", "next commits")]
+    for number, (rows, minutes) in enumerate(groups):
+        nth = [str(k + 1) for k, group in enumerate(taken) if group == number]
+        lines.append(
+            (str(number + 1), ", ".join(rows), f"{minutes:.1f}", ", ".join(nth) or "-")
+        )
+    return (
+        f"audit rotation ({verify.AUDIT_MINUTES:g} min on {workers} CPU(s)): "
+        f"{len(groups)} groups, so {len(groups)} consecutive commits audit every "
+        f"row; the next {turns} commits (turns {turn} to {turn + turns - 1}) take "
+        "the groups marked\n" + render(lines)
+    )
+
+
 def main(bases: list[Base]) -> int:
     print(table(bases))
+    print()
+    print(rotation_table(bases))
     return 0

@@ -319,6 +319,20 @@ def _elsewhere(planned: Planned, here: dict) -> bool:
     return planned.recorded.machine != here
 
 
+def rotation(
+    bases: list[Base], minutes: float = AUDIT_MINUTES, workers: int = 0
+) -> list[tuple[list[str], float]]:
+    """The audit's rotation groups as a run of this tree would cut them:
+    each group's rows and its estimated minutes on ``workers`` CPUs."""
+    workers = workers or schedule.default_jobs()
+    runs = [prepare(base, fresh=False) for base in bases if queue.entries(base)]
+    groups = audit_groups(_reused(runs), minutes * 60 * workers)
+    return [
+        ([_name(runs, p) for p in group], sum(_cost(p) for p in group) / 60 / workers)
+        for group in groups
+    ]
+
+
 def commit_count() -> int:
     """Commits on this repository's HEAD: the rotation's turn (0 outside a
     git checkout)."""

@@ -637,6 +637,11 @@ def test_costs_sum_each_test_files_seconds_from_the_ledger(project, queue):
     assert nodeid in proof.with_fix.seconds and nodeid in proof.without_fix.seconds
     shown = costs.table([project.base])
     assert "tests/test_layer_3.py" in shown and "test-seconds" in shown
+    [(rows, _)] = verify.rotation([project.base], 10, 1)
+    assert rows == [f"v9.9.9 {name[:4]}" for name in queue]
+    assert "1 groups, so 1 consecutive commits audit every row" in (
+        costs.rotation_table([project.base])
+    )
 
 
 def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
