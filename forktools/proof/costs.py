@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from forktools.pins import Base
-from forktools.proof import ledger
+from forktools.proof import ledger, schedule
 from forktools.table import render
 
 CASES_SHOWN = 3
@@ -68,14 +68,18 @@ def table(bases: list[Base]) -> str:
                 shown,
             )
         )
-    minutes = total / 60
-    return render(lines) + f"\ntotal: {total:.0f} test-seconds ({minutes:.0f} min)"
+    workers = schedule.default_jobs()
+    minutes = total / 60 / workers
+    return render(lines) + (
+        f"\ntotal: {total:.0f} test-seconds, at best {minutes:.0f} min on "
+        f"{workers} CPU(s)"
+    )
 
 
 def rotation_table(bases: list[Base], turns: int = 10) -> str:
     """The audit's rotation groups, and those the next ``turns`` commits
     take (a commit's turn is its commit count)."""
-    from forktools.proof import schedule, verify
+    from forktools.proof import verify
 
     workers = schedule.default_jobs()
     groups = verify.rotation(bases, verify.AUDIT_MINUTES, workers)
