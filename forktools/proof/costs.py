@@ -33,16 +33,20 @@ class FileCost:
 def per_file(bases: list[Base]) -> dict[tuple[str, str], FileCost]:
     """The seconds of each (base, test file)."""
     found: dict[tuple[str, str], FileCost] = defaultdict(FileCost)
+
+    def spent(base: Base, nodeid: str, seconds: float) -> FileCost:
+        """The file's cost, with ``seconds`` counted for its case."""
+        file, _, case = nodeid.partition("::")
+        cost = found[(base.name, file)]
+        cost.cases[case] += seconds
+        return cost
+
     for base in bases:
         for proof in ledger.load(base).proofs.values():
             for nodeid, seconds in proof.with_fix.seconds.items():
-                file, _, case = nodeid.partition("::")
-                found[(base.name, file)].with_fix += seconds
-                found[(base.name, file)].cases[case] += seconds
+                spent(base, nodeid, seconds).with_fix += seconds
             for nodeid, seconds in proof.without_fix.seconds.items():
-                file, _, case = nodeid.partition("::")
-                found[(base.name, file)].without_fix += seconds
-                found[(base.name, file)].cases[case] += seconds
+                spent(base, nodeid, seconds).without_fix += seconds
     return found
 
 

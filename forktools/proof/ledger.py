@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 
-from forktools import git, queue
+from forktools import git, materialize, queue
 from forktools.pins import Base, ForkError
 from forktools.proof import prove
 from forktools.proof.prove import Outcome
@@ -185,9 +185,7 @@ def save(base: Base, ledger: Ledger) -> Path:
     """Write the ledger whole or not at all: a run killed while writing
     leaves the file as it was."""
     file = path(base)
-    partial = file.with_name(f".{FILE}.partial")
-    partial.write_text(json.dumps(ledger.to_json(), indent=1) + "\n")
-    partial.replace(file)
+    materialize.replace_atomically(file, json.dumps(ledger.to_json(), indent=1))
     return file
 
 

@@ -78,9 +78,7 @@ def _record(base: Base, inputs: dict, outcome: prove.Outcome) -> None:
     }
     file = base.patch_dir / RECORD
     file.parent.mkdir(parents=True, exist_ok=True)
-    partial = file.with_name(f".{RECORD}.partial")
-    partial.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    partial.replace(file)
+    materialize.replace_atomically(file, json.dumps(record, indent=1, sort_keys=True))
 
 
 def _python_without_capabilities(python: Path, folder: Path) -> Path:
