@@ -2,7 +2,7 @@
 
 The tooling puts this directory on PYTHONPATH with ``VLLM_TARGET_DEVICE=cpu``;
 subprocesses inherit both. Kept in the tooling so that no patch carries
-test-harness code. Three hooks, each run when vLLM first imports the module:
+test-harness code. Four hooks, each run when vLLM first imports the module:
 
 - ``vllm.platforms``: pin the CPU platform. Some bases (v0.19.1) detect it
   only from a ``cpu`` build version, so on the CUDA wheel's code they fail
@@ -14,6 +14,9 @@ test-harness code. Three hooks, each run when vLLM first imports the module:
   made an error (see ``vllm_triton_cpu_check``); and, where a run sets
   ``VLLM_FORK_CPU_LORA_COMPILE=1``, keep the compile mode with LoRA on (see
   ``vllm_cpu_lora_compile``).
+- ``vllm.model_executor.models.registry``: in an engine environment, read a
+  model class's capabilities in the engine's process rather than in a fresh
+  one (see ``vllm_registry_in_process``).
 
 In an engine environment (one with vLLM's CPU build installed, see
 ``forktools.venv.ensure_engine``), vLLM's compiled extensions load from that
@@ -40,6 +43,12 @@ def _configure_cpu_platform(module) -> None:
     vllm_triton_cpu_check.tolerate_missing_triton_cpu(module.CpuPlatform)
     if vllm_cpu_lora_compile.enabled():
         vllm_cpu_lora_compile.keep_compile_with_lora(module.CpuPlatform)
+
+
+def _inspect_models_in_process(module) -> None:
+    import vllm_registry_in_process
+
+    vllm_registry_in_process.inspect_in_process(module)
 
 
 def _stub_missing_c_ops(module) -> None:
@@ -84,13 +93,16 @@ if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
     import vllm_engine_kernels
 
     in_engine = vllm_engine_kernels.install() is not None
+    after = {
+        "vllm.platforms": _pin_cpu_platform,
+        "vllm.platforms.cpu": _configure_cpu_platform,
+    }
+    if in_engine:
+        after["vllm.model_executor.models.registry"] = _inspect_models_in_process
     sys.meta_path.insert(
         0,
         _ImportHooks(
             before={} if in_engine else {"vllm.compilation": _stub_missing_c_ops},
-            after={
-                "vllm.platforms": _pin_cpu_platform,
-                "vllm.platforms.cpu": _configure_cpu_platform,
-            },
+            after=after,
         ),
     )

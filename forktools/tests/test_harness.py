@@ -1,6 +1,7 @@
 """The test-run harness, against stand-ins for the vLLM modules it wraps."""
 
 import importlib.machinery
+import os
 import sys
 import types
 from pathlib import Path
@@ -14,6 +15,7 @@ import vllm_c_op_stubs  # noqa: E402
 import vllm_cpu_lora_compile  # noqa: E402
 import vllm_engine_kernels  # noqa: E402
 import vllm_fork_report  # noqa: E402
+import vllm_registry_in_process  # noqa: E402
 import vllm_triton_cpu_check  # noqa: E402
 
 sys.path.remove(str(HARNESS))
@@ -191,6 +193,16 @@ def test_lora_compile_hook_needs_its_variable(monkeypatch):
     assert not vllm_cpu_lora_compile.enabled()
     monkeypatch.setenv(vllm_cpu_lora_compile.ENV, "1")
     assert vllm_cpu_lora_compile.enabled()
+
+
+def test_model_classes_are_inspected_in_the_engine_process():
+    def in_a_fresh_process(fn):
+        raise AssertionError("started a process to inspect a model class")
+
+    registry = types.SimpleNamespace(_run_in_subprocess=in_a_fresh_process)
+    vllm_registry_in_process.inspect_in_process(registry)
+    assert registry._run_in_subprocess(os.getpid) == os.getpid()
+    assert registry._run_in_subprocess.__wrapped__ is in_a_fresh_process
 
 
 def test_a_long_failure_message_keeps_its_start_and_the_childs_exception():
