@@ -2,6 +2,7 @@
 other: no error, one download."""
 
 import concurrent.futures
+import os
 import shutil
 import subprocess
 import sys
@@ -76,4 +77,47 @@ def test_checkouts_of_one_tree_at_once(tmp_path):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         versions = list(pool.map(check_out_and_read, range(48)))
     assert versions == ["__version__ = '9.9.9'\n"] * 48
+    assert 1 < git(tree, "worktree", "list").count("\n") <= 9  # at most one per thread
+    prove.remove_checkouts()
     assert git(tree, "worktree", "list").count("\n") == 1
+
+
+def test_a_checkout_given_back_is_reused_switched_and_cleaned(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "vllm").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("value = 1\n")
+    (tree / materialize.VERSION_FILE).write_text("__version__ = '9.9.9'\n")
+    git(tree.parent, "init", "-q", str(tree))
+    git(tree, "add", "vllm/__init__.py")
+    git(tree, "commit", "-q", "-m", "base")
+    # Same size, and switched to within the second its bytecode was written.
+    (tree / "vllm" / "__init__.py").write_text("value = 2\n")
+    git(tree, "add", "vllm/__init__.py")
+    second = git(tree, "write-tree").strip()
+    git(tree, "reset", "-q", "--hard")
+    read_value = [sys.executable, "-c", "import vllm; print(vllm.value)"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+    with prove.checkout(tree) as first_path:
+        assert subprocess.check_output(read_value, cwd=first_path, env=env, text=True) == "1\n"
+        (first_path / "left_by_a_test.txt").write_text("x")
+        (first_path / ".hypothesis").mkdir()
+        (first_path / "tests" / "__pycache__").mkdir(parents=True)
+    compiled = list((first_path / "vllm" / "__pycache__").glob("__init__.*.pyc"))
+    assert compiled
+    with prove.checkout(tree, second) as second_path:
+        assert second_path == first_path
+        assert not any(path.exists() for path in compiled)
+        value = subprocess.check_output(read_value, cwd=second_path, env=env, text=True)
+        assert value == "2\n"
+        assert not (second_path / "left_by_a_test.txt").exists()
+        assert not (second_path / ".hypothesis").exists()
+        assert (second_path / "tests" / "__pycache__").is_dir()
+        assert (second_path / materialize.VERSION_FILE).exists()
+    (tree / "vllm" / "__init__.py").write_text("value = 3\n")
+    git(tree, "commit", "-qam", "moved on")
+    with prove.checkout(tree) as third_path:  # the tree's HEAD, not the worktree's
+        value = subprocess.check_output(read_value, cwd=third_path, env=env, text=True)
+        assert value == "3\n"
+    prove.remove_checkouts()
+    assert not first_path.exists()
