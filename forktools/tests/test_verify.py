@@ -414,6 +414,7 @@ def test_each_changed_input_invalidates_exactly_its_rows(
         f"without the fix ({plan['0003'].split('(')[1].split(')')[0]}); run "
         f"`make verify BASE={project.base.name}`"
     ]
+    assert verify.stale(project.base, proving=True) == []  # make test proves it
     diff.write_text(original)
 
     project.lock("test", "x==2 --hash=sha256:" + "0" * 64)
