@@ -73,7 +73,7 @@ def unexported(tree: Path) -> list[str]:
     changed = set(wheel_edits(tree))
     status = git.run(tree, "status", "--porcelain", "--untracked-files=all").stdout
     changed.update(
-        line[3:] for line in status.splitlines() if not _is_test_by_product(line)
+        line[3:] for line in status.splitlines() if not is_test_by_product(line)
     )
     head = read_state(tree).get("head")
     if head and git.out(tree, "rev-parse", "HEAD") != head:
@@ -82,7 +82,7 @@ def unexported(tree: Path) -> list[str]:
     return sorted(changed)
 
 
-def _is_test_by_product(status_line: str) -> bool:
+def is_test_by_product(status_line: str) -> bool:
     """An untracked file that running tests leaves (pytest's cache,
     hypothesis' example database, bytecode): never an edit."""
     parts = Path(status_line[3:]).parts

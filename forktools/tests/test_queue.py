@@ -154,6 +154,21 @@ def test_export_refuses_uncommitted_changes(project):
         export.export(project.base)
 
 
+def test_export_passes_over_what_test_runs_leave_in_the_tree(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    for by_product in (".hypothesis/constants/0a1b", "tests/__pycache__/t.pyc"):
+        (project.tree / by_product).parent.mkdir(parents=True, exist_ok=True)
+        (project.tree / by_product).write_text("left by a test run\n")
+    (project.tree / "notes.txt").write_text("an edit\n")
+    with pytest.raises(ForkError) as error:
+        export.export(project.base)
+    assert "notes.txt" in str(error.value)
+    assert ".hypothesis" not in str(error.value)
+    (project.tree / "notes.txt").unlink()
+    assert export.export(project.base)
+
+
 def test_patch_that_no_longer_applies_is_named_with_its_file(project):
     materialize.ensure(project.base)
     _fix(project)
