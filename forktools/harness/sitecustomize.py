@@ -14,9 +14,12 @@ test-harness code. Four hooks, each run when vLLM first imports the module:
   made an error (see ``vllm_triton_cpu_check``); and, where a run sets
   ``VLLM_FORK_CPU_LORA_COMPILE=1``, keep the compile mode with LoRA on (see
   ``vllm_cpu_lora_compile``).
-- ``vllm.model_executor.models.registry``: in an engine environment, read a
-  model class's capabilities in the engine's process rather than in a fresh
-  one (see ``vllm_registry_in_process``).
+- ``vllm.model_executor.models.registry``: read a model class's capabilities
+  in the running process rather than in a fresh one (see
+  ``vllm_registry_in_process``).
+
+Before any of them, CUDA kernel packages are told not to build their
+launchers in background processes (see ``vllm_no_cuda_prebuilds``).
 
 In an engine environment (one with vLLM's CPU build installed, see
 ``forktools.venv.ensure_engine``), vLLM's compiled extensions load from that
@@ -91,14 +94,16 @@ class _ImportHooks(importlib.abc.MetaPathFinder):
 
 if os.environ.get("VLLM_TARGET_DEVICE") == "cpu":
     import vllm_engine_kernels
+    import vllm_no_cuda_prebuilds
+
+    vllm_no_cuda_prebuilds.skip_background_builds()
 
     in_engine = vllm_engine_kernels.install() is not None
     after = {
         "vllm.platforms": _pin_cpu_platform,
         "vllm.platforms.cpu": _configure_cpu_platform,
+        "vllm.model_executor.models.registry": _inspect_models_in_process,
     }
-    if in_engine:
-        after["vllm.model_executor.models.registry"] = _inspect_models_in_process
     sys.meta_path.insert(
         0,
         _ImportHooks(

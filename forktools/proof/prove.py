@@ -267,15 +267,13 @@ def checkout(tree: Path, tree_id: str | None = None):
     """A throwaway checkout of the fork tree's HEAD, or of the git tree
     ``tree_id``, with the wheel's files linked: a worktree of ``tree`` that
     an earlier checkout gave back, switched to that revision (see
-    ``_switch``) and rid of test by-products, or a new one."""
+    ``_switch``), or a new one."""
     revision = git.out(tree, "rev-parse", "HEAD")
     if tree_id is not None:
         revision = git.out(tree, "commit-tree", tree_id, "-p", "HEAD", "-m", "verify")
     path = _idle_worktree(tree)
     try:
         _switch(path, revision)
-        for by_product in materialize.TEST_BY_PRODUCTS - {"__pycache__"}:
-            shutil.rmtree(path / by_product, ignore_errors=True)
         shutil.copy(tree / materialize.VERSION_FILE, path / materialize.VERSION_FILE)
         yield path
     except BaseException:
@@ -287,12 +285,15 @@ def checkout(tree: Path, tree_id: str | None = None):
 
 def _switch(path: Path, revision: str) -> None:
     """Check ``revision`` out in the worktree ``path``, remove what is not
-    tracked there but compiled bytecode, and the bytecode of every Python
-    file the switch changed: Python trusts a .pyc whose source has the
-    recorded size and mtime second, which a quick switch can keep."""
+    tracked there (test by-products too) but compiled bytecode, and the
+    bytecode of every Python file the switch changed: Python trusts a .pyc
+    whose source has the recorded size and mtime second, which a quick
+    switch can keep."""
     before = git.out(path, "rev-parse", "HEAD")
     git.run(path, "checkout", "--force", "--detach", "--quiet", revision)
     git.run(path, "clean", "-ffdq", "--exclude=__pycache__")
+    for by_product in materialize.TEST_BY_PRODUCTS - {"__pycache__"}:
+        shutil.rmtree(path / by_product, ignore_errors=True)
     changed = git.out(path, "diff", "--name-only", "--no-renames", before, "HEAD")
     for name in changed.splitlines():
         source = path / name
@@ -309,10 +310,18 @@ _WORKTREES_LOCK = threading.Lock()
 
 
 def _idle_worktree(tree: Path) -> Path:
-    with _WORKTREES_LOCK:
-        idle = _IDLE_WORKTREES.get(tree)
-        if idle:
-            return idle.pop()
+    """A worktree of ``tree`` given back earlier, or a new one. A tree built
+    again in place (a new ``.git``) no longer knows its old worktrees: they
+    are removed, not reused."""
+    while True:
+        with _WORKTREES_LOCK:
+            idle = _IDLE_WORKTREES.get(tree)
+            path = idle.pop() if idle else None
+        if path is None:
+            break
+        if _known(path):
+            return path
+        _remove_worktree(tree, path)
     path = Path(tempfile.mkdtemp(prefix="vllm-fork-verify-"))
     shutil.rmtree(path)
     git.run(tree, "worktree", "prune")  # what a killed run left
@@ -325,6 +334,14 @@ def _idle_worktree(tree: Path) -> Path:
         _remove_worktree(tree, path)
         raise
     return path
+
+
+def _known(path: Path) -> bool:
+    """Whether the worktree ``path``'s repository still holds its record."""
+    link = path / ".git"
+    if not link.is_file():
+        return False
+    return Path(link.read_text().removeprefix("gitdir:").strip()).is_dir()
 
 
 def _remove_worktree(tree: Path, path: Path) -> None:

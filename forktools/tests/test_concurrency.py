@@ -121,3 +121,25 @@ def test_a_checkout_given_back_is_reused_switched_and_cleaned(tmp_path):
         assert value == "3\n"
     prove.remove_checkouts()
     assert not first_path.exists()
+
+
+def test_a_tree_built_again_in_place_gets_a_new_worktree(tmp_path):
+    tree = tmp_path / "tree"
+
+    def build(value: str) -> None:
+        shutil.rmtree(tree, ignore_errors=True)
+        (tree / "vllm").mkdir(parents=True)
+        (tree / "vllm" / "__init__.py").write_text(value)
+        (tree / materialize.VERSION_FILE).write_text("__version__ = '9.9.9'\n")
+        git(tree.parent, "init", "-q", str(tree))
+        git(tree, "add", "vllm/__init__.py")
+        git(tree, "commit", "-q", "-m", "base")
+
+    build("value = 1\n")
+    with prove.checkout(tree) as old:
+        pass
+    build("value = 2\n")  # a new .git: the old worktree's record is gone
+    with prove.checkout(tree) as new:
+        assert new != old and not old.exists()
+        assert (new / "vllm" / "__init__.py").read_text() == "value = 2\n"
+    prove.remove_checkouts()

@@ -15,6 +15,7 @@ import vllm_c_op_stubs  # noqa: E402
 import vllm_cpu_lora_compile  # noqa: E402
 import vllm_engine_kernels  # noqa: E402
 import vllm_fork_report  # noqa: E402
+import vllm_no_cuda_prebuilds  # noqa: E402
 import vllm_registry_in_process  # noqa: E402
 import vllm_triton_cpu_check  # noqa: E402
 
@@ -195,14 +196,30 @@ def test_lora_compile_hook_needs_its_variable(monkeypatch):
     assert vllm_cpu_lora_compile.enabled()
 
 
-def test_model_classes_are_inspected_in_the_engine_process():
-    def in_a_fresh_process(fn):
-        raise AssertionError("started a process to inspect a model class")
+def _in_a_fresh_process(fn):
+    raise AssertionError("started a process to inspect a model class")
 
-    registry = types.SimpleNamespace(_run_in_subprocess=in_a_fresh_process)
-    vllm_registry_in_process.inspect_in_process(registry)
+
+def test_model_classes_are_inspected_in_the_running_process():
+    registry = types.SimpleNamespace(_run_in_subprocess=_in_a_fresh_process)
+    settings = {"inductor": {"freezing": False}}
+    vllm_registry_in_process.inspect_in_process(registry, lambda: settings)
     assert registry._run_in_subprocess(os.getpid) == os.getpid()
-    assert registry._run_in_subprocess.__wrapped__ is in_a_fresh_process
+    assert registry._run_in_subprocess.__wrapped__ is _in_a_fresh_process
+
+
+def test_an_inspection_that_changes_a_compiler_setting_stops_the_run():
+    settings = {"inductor": {"freezing": False}}
+
+    def import_that_sets_freezing():
+        settings["inductor"] = {"freezing": True}
+
+    registry = types.SimpleNamespace(_run_in_subprocess=_in_a_fresh_process)
+    vllm_registry_in_process.inspect_in_process(
+        registry, lambda: {module: dict(s) for module, s in settings.items()}
+    )
+    with pytest.raises(RuntimeError, match=r"changed inductor\.freezing"):
+        registry._run_in_subprocess(import_that_sets_freezing)
 
 
 def test_a_long_failure_message_keeps_its_start_and_the_childs_exception():
@@ -215,3 +232,9 @@ def test_a_long_failure_message_keeps_its_start_and_the_childs_exception():
     assert f"\n[... {left_out} characters ...]\n" in kept
     short = types.SimpleNamespace(value=AssertionError("assert 3 == 33"))
     assert vllm_fork_report._message(short) == "assert 3 == 33"
+
+
+def test_cuda_kernel_packages_build_nothing_in_the_background():
+    environ = {"PATH": "/usr/bin"}
+    vllm_no_cuda_prebuilds.skip_background_builds(environ)
+    assert environ == {"PATH": "/usr/bin", "HUMMING_DISABLE_PARALLEL_BUILD": "1"}
