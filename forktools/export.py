@@ -17,10 +17,7 @@ def export(base: Base) -> list[str]:
 def _export(base: Base, tree: Path) -> list[str]:
     if not (tree / ".git").exists():
         raise ForkError(f"no {base.name} tree to export; run `make fork` first")
-    status = git.out(tree, "status", "--porcelain", "--untracked-files=all")
-    dirty = "\n".join(
-        line for line in status.splitlines() if not materialize.is_test_by_product(line)
-    )
+    dirty = "\n".join(materialize.uncommitted(tree))
     if dirty:
         raise ForkError(
             f"{tree} has uncommitted changes:\n{dirty}\nCommit them in the tree "

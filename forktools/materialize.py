@@ -71,10 +71,7 @@ def unexported(tree: Path) -> list[str]:
     if not (tree / ".git").exists():
         return []
     changed = set(wheel_edits(tree))
-    status = git.run(tree, "status", "--porcelain", "--untracked-files=all").stdout
-    changed.update(
-        line[3:] for line in status.splitlines() if not is_test_by_product(line)
-    )
+    changed.update(line[3:] for line in uncommitted(tree))
     head = read_state(tree).get("head")
     if head and git.out(tree, "rev-parse", "HEAD") != head:
         changed.update(git.out(tree, "diff", "--name-only", head, "HEAD").split())
@@ -82,7 +79,14 @@ def unexported(tree: Path) -> list[str]:
     return sorted(changed)
 
 
-def is_test_by_product(status_line: str) -> bool:
+def uncommitted(tree: Path) -> list[str]:
+    """``git status --porcelain`` lines of what is changed or new in ``tree``,
+    without what test runs leave there."""
+    status = git.run(tree, "status", "--porcelain", "--untracked-files=all").stdout
+    return [line for line in status.splitlines() if not _is_test_by_product(line)]
+
+
+def _is_test_by_product(status_line: str) -> bool:
     """An untracked file that running tests leaves (pytest's cache,
     hypothesis' example database, bytecode): never an edit."""
     parts = Path(status_line[3:]).parts
