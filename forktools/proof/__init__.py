@@ -2,6 +2,7 @@
 
 - ``prove``: what one proof observes; its content and the harness are in
   every ledger key.
+- ``machine``: the machine a proof ran on, kept beside each row, in no key.
 - ``ledger``: ``patches/<base>/proof.json``, rows keyed by their inputs.
 - ``symptoms``: ``patches/<base>/symptoms.toml``, what each test shows
   without its fix, and the judging of failures against it.

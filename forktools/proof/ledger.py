@@ -9,7 +9,7 @@ the tests ran in (read from ``locks/<base>/``), the content of the harness and
 of the proof code (``forktools/proof/prove.py``), the test functions run and the
 coarse platform (operating system and architecture). Its value is what was
 observed with and without the fix, case by case, when, in how many seconds,
-and on what machine (``prove.fingerprint``: data the audit and ``make check``
+and on what machine (``machine.fingerprint``: data the audit and ``make check``
 read, not part of the key, so that a ledger holds on the next machine of the
 same kind).
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from forktools import git, materialize, queue
 from forktools.pins import Base, ForkError
-from forktools.proof import prove
+from forktools.proof import machine, prove
 from forktools.proof.prove import Outcome
 
 FILE = "proof.json"
@@ -86,7 +86,7 @@ class Proof:
     proved: str  # the date, ISO 8601
     seconds: float  # of the without-fix run
     with_fix_seconds: float
-    machine: dict  # prove.fingerprint() of the machine it was proved on
+    machine: dict  # machine.fingerprint() of the machine it was proved on
 
     @property
     def key(self) -> str:
@@ -240,21 +240,23 @@ def subjects(base: Base, tree: Path) -> list[Subject | ForkError]:
 
 def proved_here(base: Base) -> str:
     """How many of the base's rows were proved on a machine like this one
-    (``prove.fingerprint``), and how the others' machines differ."""
+    (``machine.fingerprint``), and what the others' differences can change."""
     proofs = list(load(base).proofs.values())
-    here = prove.fingerprint()
-    elsewhere = [proof for proof in proofs if proof.machine != here]
-    like = len(proofs) - len(elsewhere)
-    said = f"{base.name}: {like} of {len(proofs)} rows proved on a machine like this"
-    differs = sorted(
-        {
-            name
-            for proof in elsewhere
-            for name in set(here) | set(proof.machine)
-            if proof.machine.get(name) != here.get(name)
-        }
+    here = machine.fingerprint()
+    differs = [machine.differences(proof.machine, here) for proof in proofs]
+    said = (
+        f"{base.name}: {differs.count([])} of {len(proofs)} rows proved on a "
+        "machine like this"
     )
-    return said + (f" (the others differ in {', '.join(differs)})" if differs else "")
+    fields = sorted({name for names in differs for name in names})
+    if not fields:
+        return said
+    what = "; ".join(machine.WHAT_DIFFERS.get(name, name) for name in fields)
+    return (
+        f"{said}; the others differ in {what}. A machine is data, not key: "
+        "each `make verify` audits such rows here first "
+        "(docs/proof-ledger.md, Machines)"
+    )
 
 
 def _short(value) -> str:

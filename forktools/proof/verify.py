@@ -34,7 +34,7 @@ from pathlib import Path
 
 from forktools import check, materialize, pins, queue, venv
 from forktools.pins import Base, ForkError
-from forktools.proof import ledger, prove, schedule, symptoms
+from forktools.proof import ledger, machine, prove, schedule, symptoms
 from forktools.proof.ledger import Ledger, Proof, Subject
 from forktools.proof.prove import Outcome, variant_of
 from forktools.table import render
@@ -295,7 +295,7 @@ def pick_rotation(
         return [], 0, len(groups)
     number = turn % len(groups)
     left = budget - sum(_cost(p) for run in runs for p in run.rows() if p.why)
-    here = prove.fingerprint()
+    here = machine.fingerprint()
     group = sorted(groups[number], key=lambda p: not _elsewhere(p, here))
     start = reused.index(groups[number][0])
     others = [
@@ -322,7 +322,7 @@ def pick_rotation(
 def _elsewhere(planned: Planned, here: dict) -> bool:
     """Whether the row was proved on a machine unlike this one."""
     assert planned.recorded is not None
-    return planned.recorded.machine != here
+    return bool(machine.differences(planned.recorded.machine, here))
 
 
 def rotation(
@@ -470,7 +470,7 @@ def _conclude_row(
             today,
             planned.seconds,
             planned.with_fix_seconds,
-            prove.fingerprint(),
+            machine.fingerprint(),
         )
         row.problem = _judge(row.with_fix, row.without_fix, run.declared)
         # What the tests showed is kept whatever the declarations say: they

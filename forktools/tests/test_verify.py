@@ -8,6 +8,7 @@ import pytest
 
 from forktools import check, export, materialize, venv
 from forktools.proof import ledger, prove, symptoms, verify
+from forktools.proof import machine as machines
 from forktools.pins import ForkError
 from forktools.proof.prove import Outcome
 from forktools.proof.symptoms import Declared, Symptom
@@ -354,7 +355,7 @@ def test_a_first_verify_proves_every_row_and_a_second_reuses_them(
         assert len(row["inputs"]["tree_with_fix"]) == 40
         assert len(row["inputs"]["tree_without_fix"]) == 40
         assert list(row["without_fix"]["calls"].values()).count("failed") == 1
-        assert row["machine"] == prove.fingerprint()
+        assert row["machine"] == machines.fingerprint()
         assert set(row["with_fix"]["seconds"]) == set(row["with_fix"]["calls"])
     assert rows[queue[0]]["without_fix"]["failures"] == {
         "tests/test_layer_3.py::test_layer_3": "AssertionError: assert 3 == 33\n"
@@ -549,7 +550,7 @@ def test_an_audit_judges_fresh_failures_against_the_declared_symptoms(
 
 
 def _row(seconds: float, why: str = "", machine: dict | None = None) -> verify.Planned:
-    here = machine if machine is not None else prove.fingerprint()
+    here = machine if machine is not None else machines.fingerprint()
     fields = {"seconds": seconds, "with_fix_seconds": seconds, "machine": here}
     recorded = type("Recorded", (), fields)()
     subject = type("Subject", (), {"tests": ["t"]})()
@@ -589,8 +590,14 @@ def test_the_runs_own_proofs_spend_the_audit_budget_first():
     assert verify.pick_rotation([run], 1, 2, 0)[0] == instant
 
 
+def another_kind_of_machine() -> dict:
+    """This machine with avx512f toggled: another kind, whatever this is."""
+    here = machines.fingerprint()
+    return {**here, "cpu_flags": sorted(set(here["cpu_flags"]) ^ {"avx512f"})}
+
+
 def test_rows_proved_on_another_kind_of_machine_are_audited_first():
-    elsewhere = {**prove.fingerprint(), "cpu_flags": ["avx2"]}
+    elsewhere = another_kind_of_machine()
     rows = [_row(100), _row(100, machine=elsewhere), _row(100), _row(50, machine=elsewhere)]
     run = type("Run", (), {"rows": lambda self: rows})()
     # Groups of 400 test-seconds: rows 0-1 and rows 2-3.
@@ -606,11 +613,49 @@ def test_rows_proved_on_another_kind_of_machine_are_audited_first():
 def test_the_fingerprint_is_data_and_not_in_the_key(project, queue):
     file = ledger.path(project.base)
     data = json.loads(file.read_text())
-    data["rows"][0]["machine"] = {**data["rows"][0]["machine"], "cpus": 512}
+    recorded = data["rows"][0]["machine"]
+    data["rows"][0]["machine"] = {**recorded, "cpus": recorded["cpus"] + 1}
     file.write_text(json.dumps(data))
     assert _plan(project) == {"0001": "", "0002": "", "0003": ""}
     said = ledger.proved_here(project.base)
-    assert said == "v9.9.9: 2 of 3 rows proved on a machine like this (the others differ in cpus)"
+    assert said.startswith(
+        "v9.9.9: 2 of 3 rows proved on a machine like this; the others differ in "
+        "the CPU count (how many compiles and workers run side by side). "
+        "A machine is data, not key: each `make verify` audits such rows here first"
+    )
+
+
+AVX512 = ["avx2", "avx512bw", "avx512f"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "like_this"),
+    [(["avx2"], 0), (AVX512, 3), (["amx_tile", *AVX512], 0)],
+    ids=["avx2-only", "avx512", "amx"],
+)
+def test_rows_proved_on_avx512_read_on_each_kind_of_machine(
+    project, queue, monkeypatch, flags, like_this
+):
+    proved_on = {**prove.fingerprint(), "cpu_flags": AVX512, "uid": 0}
+    file = ledger.path(project.base)
+    data = json.loads(file.read_text())
+    for row in data["rows"]:
+        row["machine"] = proved_on
+    file.write_text(json.dumps(data))
+    monkeypatch.setenv(machines.FORCED, json.dumps({"cpu_flags": flags, "uid": 0}))
+    assert machines.fingerprint() == {**prove.fingerprint(), "cpu_flags": flags, "uid": 0}
+    said = ledger.proved_here(project.base)
+    assert said.startswith(f"v9.9.9: {like_this} of 3 rows proved on a machine like this")
+    assert ("differ in the CPU flags (which vector kernels" in said) == (like_this == 0)
+
+
+@pytest.mark.parametrize("value", ["{cpu_flags", "[]", '{"gpus": 8}'])
+def test_a_forced_machine_that_is_not_an_object_of_its_fields_is_refused(
+    monkeypatch, value
+):
+    monkeypatch.setenv(machines.FORCED, value)
+    with pytest.raises(ForkError, match="VLLM_FORK_MACHINE"):
+        machines.fingerprint()
 
 
 def test_renaming_an_input_field_keeps_every_key(project, queue):
