@@ -173,8 +173,32 @@ def wheel_line(file: str) -> str:
 
 def environment(lines: list[str], python_version: str) -> list[str]:
     """The ledger's text of an environment of ``lines``, made by Python
-    ``python_version``: the form ``prove.locked_set`` measures."""
+    ``python_version``: the form ``installed_set`` measures."""
     return [f"python {python_version} {platform.machine()}", *sorted(set(lines))]
+
+
+_INSTALLED_SET = (
+    "import importlib.metadata as m, json, platform\n"
+    "names = {f\"{d.metadata['Name'].lower()}=={d.version}\"\n"
+    "         for d in m.distributions() if d.metadata['Name']}\n"
+    "print(json.dumps([f'python {platform.python_version()} {platform.machine()}',"
+    " *sorted(names)]))"
+)
+
+
+def installed_set(python: Path) -> list[str]:
+    """What ``python`` has installed, in the form of ``environment``. Run
+    isolated (``-I``): the working directory, which may hold the
+    ``vllm.egg-info`` of a ``pip install -e .``, and ``PYTHONPATH`` are not
+    the environment's."""
+    result = subprocess.run(
+        [str(python), "-I", "-c", _INSTALLED_SET], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise ForkError(
+            f"could not list the distributions of {python}: {result.stderr.strip()}"
+        )
+    return json.loads(result.stdout)
 
 
 def install_command(pip: list[str], lock: Lock) -> list[str]:
@@ -266,13 +290,11 @@ def locked(
     ``requirements``: what ``python -m venv`` seeds it with (pip, and
     setuptools before Python 3.12), less what pip then installs over them,
     and what pip installs, as resolved in such an environment."""
-    from forktools.proof import prove
-
     with tempfile.TemporaryDirectory() as tmp:
         if subprocess.run([python, "-m", "venv", tmp]).returncode != 0:
             raise ForkError(f"`{python} -m venv` failed (output above)")
         fresh = str(Path(tmp) / "bin" / "python")
-        seeds = prove.locked_set(Path(fresh))[1:]
+        seeds = installed_set(Path(fresh))[1:]
         installed = resolve(
             fresh, requirements, no_deps=no_deps, ignore_installed=False
         )

@@ -46,7 +46,6 @@ from pathlib import Path
 
 from forktools import download, envlocks, locks, wheelmeta
 from forktools.pins import Base, ForkError
-from forktools.proof import prove
 
 COMPLETE_MARKER = ".vllm-fork-complete"
 ENGINE_PYTHON_ENV = "VLLM_FORK_ENGINE_INTERPRETER"
@@ -144,7 +143,7 @@ def _check_locked_set(base: Base, role: str, env: Path) -> None:
     """Refuse an environment that does not hold exactly what its lock says
     (installed into by hand, or a lock that misses a distribution)."""
     expected = environment(base, role)
-    found = prove.locked_set(env / "bin" / "python")
+    found = envlocks.installed_set(env / "bin" / "python")
     extra = sorted(set(found) - set(expected))
     missing = sorted(set(expected) - set(found))
     if extra or missing:

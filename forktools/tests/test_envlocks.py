@@ -34,7 +34,7 @@ def seeds(tmp_path_factory) -> list[str]:
     installed already and fetches nothing."""
     fresh = tmp_path_factory.mktemp("seeds")
     venv.make_venv(fresh)
-    listed = venv.prove.locked_set(fresh / "bin" / "python")[1:]
+    listed = envlocks.installed_set(fresh / "bin" / "python")[1:]
     return [f"{seed} --hash=sha256:{'0' * 64}" for seed in listed]
 
 
@@ -44,7 +44,7 @@ def test_environment_from_a_lock_in_an_empty_cache_holds_exactly_the_lock(
     project = installable
     project.lock("test", *seeds, _tiny_wheel(project.index))
     python = venv.ensure(project.base)
-    listed = venv.prove.locked_set(python)
+    listed = envlocks.installed_set(python)
     assert listed == venv.environment(project.base, "test")
     assert f"{TINY}==1.0" in listed and f"vllm=={VERSION}" in listed
     assert listed[0] == f"python {platform.python_version()} {platform.machine()}"
@@ -83,6 +83,22 @@ def test_an_environment_that_is_not_its_lock_is_refused(installable, seeds):
     project.lock("test", *seeds)  # as if tinydep had been installed by hand
     with pytest.raises(ForkError, match=rf"holds {TINY}==1\.0\. Remove {env}"):
         venv._check_locked_set(project.base, "test", env)
+
+
+def test_an_editable_install_in_the_working_directory_is_not_the_environment(
+    installable, seeds, tmp_path, monkeypatch
+):
+    project = installable
+    project.lock("test", *seeds, _tiny_wheel(project.index))
+    env = venv.ensure(project.base).parent.parent
+    clone = tmp_path / "clone"  # where `pip install -e .` left its metadata
+    (clone / "vllm.egg-info").mkdir(parents=True)
+    (clone / "vllm.egg-info" / "PKG-INFO").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {VERSION}+fork.1e98434ccc\n"
+    )
+    monkeypatch.chdir(clone)
+    monkeypatch.setenv("PYTHONPATH", str(clone))
+    venv._check_locked_set(project.base, "test", env)
 
 
 def test_a_lock_for_another_python_says_which(project):
