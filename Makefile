@@ -70,14 +70,14 @@ fixes: ## the paths of BASE's patches that change vllm/, in order, for git am (t
 status: ## one base's patches, fix or test, upstream status, newer releases (WIDE=1: every base, full width; FETCH=1: download what that needs)
 	$(forktools) status $(base_arg) $(if $(call on,$(WIDE)),--wide) $(if $(call on,$(FETCH)),--fetch)
 
-verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT_MINUTES=m of reused rows proved again, 10 by default; JOBS=n; HUNKS=1 [PATCH=n]: each fix hunk reverted alone)
+verify: ## each commit: its tests pass with it, fail without it, kept in patches/<base>/proof.json (FRESH=1: prove every row; AUDIT_MINUTES=m: the audit's slot size, 10 by default; JOBS=n; HUNKS=1 [PATCH=n]: each fix hunk reverted alone)
 	$(if $(and $(PATCH),$(if $(call on,$(HUNKS)),,no)),$(error PATCH=$(PATCH) goes with HUNKS=1 (make verify HUNKS=1 PATCH=n); verify also reads BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED))
 	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args) $(if $(call on,$(HUNKS)),--hunks $(if $(PATCH),--patch $(PATCH)))
 
 read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip; kept in patches/<base>/read_only.json and reused while its key holds (FRESH=1: run again)
 	$(forktools) read-only $(base_arg) $(if $(call on,$(FRESH)),--fresh)
 
-costs: ## where the proof's test-seconds go: per base and test file, with and without the fix, and the costliest cases, from the ledgers (runs no test); the audit's rotation groups and the next ten commits' turns
+costs: ## where the proof's test-seconds go: per base and test file, with and without the fix, and the costliest cases, from the ledgers (runs no test); the audit's rotation slots and the next ten commits' turns
 	$(forktools) costs $(base_arg)
 
 lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue

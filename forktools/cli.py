@@ -486,9 +486,11 @@ def parser() -> argparse.ArgumentParser:
             "--audit-minutes",
             type=_minutes,
             default=AUDIT_MINUTES,
-            help="wall-clock minutes for proving reused rows again (both halves), "
-            "the run's own proofs spending them first; failing when one differs "
-            "from its record (default: %(default)g)",
+            help="wall-clock minutes that one slot of the audit's rotation fits: "
+            "a run proves its slot's reused rows again (both halves), then rows "
+            "proved on another kind of machine with what its own proofs leave; "
+            "failing when one differs from its record; 0 audits nothing "
+            "(default: %(default)g)",
         )
         command.add_argument(
             "--audit-seed",

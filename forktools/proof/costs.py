@@ -81,27 +81,27 @@ def table(bases: list[Base]) -> str:
 
 
 def rotation_table(bases: list[Base], turns: int = 10) -> str:
-    """The audit's rotation groups, and those the next ``turns`` commits
+    """The audit's rotation slots, and those the next ``turns`` commits
     take (a commit's turn is its commit count)."""
     from forktools.proof import verify
 
     workers = schedule.default_jobs()
-    groups = verify.rotation(bases, verify.AUDIT_MINUTES, workers)
-    if not groups:
+    slots = verify.rotation(bases, verify.AUDIT_MINUTES, workers)
+    if not slots:
         return "audit rotation: no reused row to audit"
     turn = verify.commit_count() + 1
-    taken = [(turn + k) % len(groups) for k in range(turns)]
-    lines = [("group", "rows audited", f"minutes on {workers} CPU(s)", "next commits")]
-    for number, (rows, minutes) in enumerate(groups):
-        nth = [str(k + 1) for k, group in enumerate(taken) if group == number]
+    taken = [verify.turn_slot(turn + k, len(slots)) for k in range(turns)]
+    lines = [("slot", "rows audited", f"minutes on {workers} CPU(s)", "next commits")]
+    for number, (rows, minutes) in enumerate(slots):
+        nth = [str(k + 1) for k, slot in enumerate(taken) if slot == number]
         lines.append(
-            (str(number + 1), ", ".join(rows), f"{minutes:.1f}", ", ".join(nth) or "-")
+            (str(number + 1), ", ".join(rows) or "-", f"{minutes:.1f}", ", ".join(nth))
         )
     return (
         f"audit rotation ({verify.AUDIT_MINUTES:g} min on {workers} CPU(s)): "
-        f"{len(groups)} groups, so {len(groups)} consecutive commits audit every "
+        f"{len(slots)} slots, so any {len(slots)} consecutive commits audit every "
         f"row; the next {turns} commits (turns {turn} to {turn + turns - 1}) take "
-        "the groups marked\n" + render(lines)
+        "the slots marked\n" + render(lines)
     )
 
 

@@ -12,19 +12,22 @@ fix, the locked environments, the harness, the proof code, the tests), kept
 in the base's proof ledger (``forktools/proof/ledger.py``) under one key and
 proved again only when a row's key changed, or for every row with
 ``fresh``: a test result is an action output, as a build cache keeps it.
-Each run also audits reused rows, both halves again, within a budget of
-wall-clock minutes that the change's own proofs spend first; the rows come
-from a rotation over the commit count, so that consecutive commits audit
-every row in turn (``audit_groups``). An audit fails naming the row and
-what differs from its record, or a fresh failure that is not its test's
-declared symptom. ``audit=n`` picks n rows at random instead. Runs are
-scheduled across the CPUs longest first, rows of all bases side by side.
+Each run also audits reused rows, both halves again: the rows of one slot
+of a rotation over the commit count, sized so that a slot fits a budget of
+wall-clock minutes and any as many consecutive commits as there are slots
+audit every row (``pick_rotation``), then rows proved on another kind of
+machine within what the run's own proofs leave of the budget. An audit
+fails naming the row and what differs from its record, or a fresh failure
+that is not its test's declared symptom. ``audit=n`` picks n rows at random
+instead. Runs are scheduled across the CPUs longest first, rows of all
+bases side by side.
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import hashlib
 import random
 import sys
 import threading
@@ -32,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools import check, materialize, pins, queue, venv
+from forktools import check, git, materialize, pins, queue, venv
 from forktools.pins import Base, ForkError
 from forktools.proof import ledger, machine, prove, schedule, symptoms
 from forktools.proof.ledger import Ledger, Proof, Subject
@@ -250,13 +253,9 @@ def _why(inputs: ledger.Inputs, recorded: Proof | None, fresh: bool) -> str:
     return ""
 
 
-def _reused(runs: list[BaseRun]) -> list[Planned]:
-    return [p for run in runs for p in run.rows() if not p.why and p.subject.tests]
-
-
 def pick_audits(runs: list[BaseRun], count: int, seed: int) -> list[Planned]:
     """``count`` reused rows, at random, to prove again."""
-    reused = _reused(runs)
+    reused = [planned for _, planned in _reused_by_name(runs)]
     picked = random.Random(seed).sample(reused, min(count, len(reused)))
     for planned in picked:
         planned.audited = True
@@ -268,55 +267,81 @@ def _cost(planned: Planned) -> float:
     return _estimate(planned, "with") + _estimate(planned)
 
 
-def audit_groups(rows: list[Planned], budget: float) -> list[list[Planned]]:
-    """``rows`` in order, cut into groups of at most ``budget`` test-seconds
-    (a longer row is a group of its own): one group a run, in turn."""
-    groups: list[list[Planned]] = [[]]
-    for planned in rows:
-        spent = sum(_cost(p) for p in groups[-1])
-        if groups[-1] and spent + _cost(planned) > budget:
-            groups.append([])
-        groups[-1].append(planned)
-    return groups if groups[0] else []
+def audit_slots(total: float, budget: float) -> int:
+    """How many runs the rotation takes to audit every row: the least power
+    of two whose share of ``total`` test-seconds fits ``budget``."""
+    slots = 1
+    while total / slots > budget:
+        slots *= 2
+    return slots
+
+
+def _slots(runs: list[BaseRun], budget: float) -> int:
+    return audit_slots(sum(_cost(p) for run in runs for p in run.rows()), budget)
+
+
+def slot_of(name: str, slots: int) -> int:
+    """The slot of the row ``name`` (``<base>/<patch file>``) among ``slots``:
+    a point its name fixes on [0, 1), so that no other row moves it."""
+    point = int(hashlib.sha256(name.encode()).hexdigest()[:12], 16) / 16**12
+    return int(point * slots)
+
+
+def turn_slot(turn: int, slots: int) -> int:
+    """The slot turn ``turn`` audits: its low bits reversed. A turn's slot
+    lies within its slot of every coarser rotation, so any ``slots``
+    consecutive turns audit every row whatever number of slots, at most
+    ``slots``, each of them had."""
+    bits = slots.bit_length() - 1
+    return int(f"{turn % slots:0{bits}b}"[::-1], 2) if bits else 0
 
 
 def pick_rotation(
     runs: list[BaseRun], minutes: float, workers: int, turn: int
 ) -> tuple[list[Planned], int, int]:
-    """The reused rows of rotation group ``turn`` (modulo the groups), as far
-    as the budget left after this run's own proofs allows, those proved on
-    another kind of machine first; then, while budget is left, other rows
-    proved on another kind of machine. With the group's number and the
-    number of groups."""
+    """The reused rows of the slot of ``turn``, those proved on another kind
+    of machine first; then, within the budget left after this run's own
+    proofs and the slot, other rows proved on another kind of machine. With
+    the slot's number and the number of slots (0 with no budget or no
+    reused row). The slot is audited whatever this run proves besides, so
+    coverage does not depend on what the queues changed."""
     budget = minutes * 60 * workers
-    reused = _reused(runs)
-    groups = audit_groups(reused, budget)
-    if not groups or budget <= 0:
-        return [], 0, len(groups)
-    number = turn % len(groups)
-    left = budget - sum(_cost(p) for run in runs for p in run.rows() if p.why)
+    named = _reused_by_name(runs)
+    if not named or budget <= 0:
+        return [], 0, 0
+    slots = _slots(runs, budget)
+    number = turn_slot(turn, slots)
     here = machine.fingerprint()
-    group = sorted(groups[number], key=lambda p: not _elsewhere(p, here))
-    start = reused.index(groups[number][0])
-    others = [
-        p
-        for p in reused[start:] + reused[:start]
-        if _elsewhere(p, here) and p not in group
-    ]
-    picked: list[Planned] = []
-    for planned in group + others:
-        # A row longer than the budget is a group of its own, audited alone
-        # when this run proves nothing else.
-        alone = not picked and left >= budget > 0
-        if _cost(planned) > left and not alone:
-            if planned in group:
-                break
+    group = sorted(
+        (p for name, p in named if slot_of(name, slots) == number),
+        key=lambda p: not _elsewhere(p, here),
+    )
+    left = budget - sum(_cost(p) for run in runs for p in run.rows() if p.why)
+    left -= sum(_cost(p) for p in group)
+    picked = list(group)
+    # The other rows from elsewhere, those of the next slots first.
+    for _, planned in sorted(named, key=lambda item: _after(item[0], number, slots)):
+        if planned in picked or not _elsewhere(planned, here):
             continue
-        picked.append(planned)
-        left -= _cost(planned)
+        if _cost(planned) <= left:
+            picked.append(planned)
+            left -= _cost(planned)
     for planned in picked:
         planned.audited = True
-    return picked, number, len(groups)
+    return picked, number, slots
+
+
+def _after(name: str, number: int, slots: int) -> tuple[int, str]:
+    return (slot_of(name, slots) - number) % slots, name
+
+
+def _reused_by_name(runs: list[BaseRun]) -> list[tuple[str, Planned]]:
+    return [
+        (f"{run.base.name}/{p.subject.entry.name}", p)
+        for run in runs
+        for p in run.rows()
+        if not p.why and p.subject.tests
+    ]
 
 
 def _elsewhere(planned: Planned, here: dict) -> bool:
@@ -328,26 +353,53 @@ def _elsewhere(planned: Planned, here: dict) -> bool:
 def rotation(
     bases: list[Base], minutes: float = AUDIT_MINUTES, workers: int = 0
 ) -> list[tuple[list[str], float]]:
-    """The audit's rotation groups as a run of this tree would cut them:
-    each group's rows and its estimated minutes on ``workers`` CPUs."""
+    """The audit's rotation slots as a run of this tree would cut them: each
+    slot's rows and its estimated minutes on ``workers`` CPUs."""
     workers = workers or schedule.default_jobs()
     runs = [prepare(base, fresh=False) for base in bases if queue.entries(base)]
-    groups = audit_groups(_reused(runs), minutes * 60 * workers)
+    named = _reused_by_name(runs)
+    if not named:
+        return []
+    slots = _slots(runs, minutes * 60 * workers)
+    rows: list[list[Planned]] = [[] for _ in range(slots)]
+    for name, planned in named:
+        rows[slot_of(name, slots)].append(planned)
     return [
-        ([_name(runs, p) for p in group], sum(_cost(p) for p in group) / 60 / workers)
-        for group in groups
+        ([_name(runs, p) for p in slot], sum(_cost(p) for p in slot) / 60 / workers)
+        for slot in rows
     ]
 
 
 def commit_count() -> int:
     """Commits on this repository's HEAD: the rotation's turn (0 outside a
-    git checkout)."""
-    from forktools import git
-
+    git checkout). A shallow clone has too few: it is deepened first, or
+    refused in one line."""
+    try:
+        shallow = git.out(pins.ROOT, "rev-parse", "--is-shallow-repository")
+    except (ForkError, OSError):
+        return 0
+    if shallow == "true":
+        _deepen()
     try:
         return int(git.out(pins.ROOT, "rev-list", "--count", "HEAD"))
-    except (ForkError, ValueError, OSError):
-        return 0
+    except (ForkError, ValueError):
+        return 0  # a repository with no commit yet
+
+
+def _deepen() -> None:
+    print(
+        "verify: this clone is shallow; fetching its history for the audit's "
+        "turn (the commit count): git fetch --unshallow",
+        file=sys.stderr,
+        flush=True,
+    )
+    fetched = git.run(pins.ROOT, "fetch", "--quiet", "--unshallow", check=False)
+    if fetched.returncode != 0:
+        raise ForkError(
+            "this clone is shallow and `git fetch --unshallow` failed "
+            f"({fetched.stderr.strip() or 'no reason given'}): the audit's turn is "
+            "the commit count; deepen the clone, or give AUDIT_SEED=<turn>"
+        )
 
 
 def jobs_for(runs: list[BaseRun]) -> list[schedule.Job]:
@@ -675,14 +727,17 @@ def main(
         how = f"at random (seed {seed}; AUDIT_SEED={seed} repeats it)"
     else:
         turn = seed if seed is not None else commit_count()
-        audited, number, groups = pick_rotation(runs, audit_minutes, workers, turn)
+        audited, number, slots = pick_rotation(runs, audit_minutes, workers, turn)
         how = (
-            f"within {audit_minutes:g} min on {workers} CPU(s), this run's own "
-            f"proofs first: rotation group {number + 1} of {groups} (turn {turn}, "
-            f"the commit count; AUDIT_SEED={turn} repeats it; {groups} "
-            "consecutive commits audit every row)"
-            if groups
-            else "every row is proved by this run: none is reused to audit"
+            f"rotation slot {number + 1} of {slots} (turn {turn}, the commit "
+            f"count; AUDIT_SEED={turn} repeats it), slots sized for "
+            f"{audit_minutes:g} min on {workers} CPU(s), so that any {slots} "
+            "consecutive commits audit every row; then rows proved on another "
+            "kind of machine within what this run's own proofs leave of it"
+            if slots
+            else f"within {audit_minutes:g} min: no audit budget"
+            if audit_minutes <= 0
+            else "no row is reused to audit"
         )
     names = ", ".join(_name(runs, planned) for planned in audited) or "no row"
     print(f"verify: auditing {names}, {how}", file=sys.stderr)

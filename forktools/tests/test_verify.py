@@ -1,4 +1,5 @@
 import json
+import random
 import re
 import shutil
 import sys
@@ -549,45 +550,84 @@ def test_an_audit_judges_fresh_failures_against_the_declared_symptoms(
     )
 
 
-def _row(seconds: float, why: str = "", machine: dict | None = None) -> verify.Planned:
+def _row(
+    seconds: float, why: str = "", machine: dict | None = None, name: str = "0001"
+) -> verify.Planned:
     here = machine if machine is not None else machines.fingerprint()
     fields = {"seconds": seconds, "with_fix_seconds": seconds, "machine": here}
     recorded = type("Recorded", (), fields)()
-    subject = type("Subject", (), {"tests": ["t"]})()
+    entry = type("Entry", (), {"name": f"{name}-fix.patch"})()
+    subject = type("Subject", (), {"tests": ["t"], "entry": entry})()
     return verify.Planned(subject, None, recorded, why)
 
 
-def test_the_rotation_audits_every_row_in_consecutive_commits_within_the_budget():
-    rows = [_row(seconds) for seconds in (100, 250, 30, 400, 60, 700, 10, 90)]
-    run = type("Run", (), {"rows": lambda self: rows})()
-    budget_minutes, workers = 10, 1  # 600 test-seconds: both halves of a row
-    groups = verify.audit_groups(rows, budget_minutes * 60 * workers)
-    costs = [[2 * row.recorded.seconds for row in group] for group in groups]
-    assert costs == [[200], [500, 60], [800], [120], [1400], [20, 180]]
-    seen = []
-    for turn in range(100, 100 + len(groups)):
-        for row in rows:
-            row.audited = False
-        picked, number, count = verify.pick_rotation([run], budget_minutes, workers, turn)
-        assert count == len(groups) and number == turn % count
-        cost = sum(2 * r.recorded.seconds for r in picked)
-        assert cost <= 600 or len(picked) == 1
-        seen += picked
-    assert sorted(map(id, seen)) == sorted(map(id, rows))
+def _run(rows: list, base: str = "v9.9.9"):
+    named = type("Base", (), {"name": base})()
+    return type("Run", (), {"rows": lambda self: rows, "base": named})()
 
 
-def test_the_runs_own_proofs_spend_the_audit_budget_first():
-    rows = [_row(100), _row(100), _row(200, why="changed: the queue's tree")]
-    run = type("Run", (), {"rows": lambda self: rows})()
-    picked, _, _ = verify.pick_rotation([run], 10, 1, 0)
-    assert picked == [rows[0]]  # 600 - 400 own = 200: one row of 200
-    proving = [_row(100), _row(400, why="no row in the ledger")]
-    run = type("Run", (), {"rows": lambda self: proving})()
-    assert verify.pick_rotation([run], 10, 1, 0)[0] == []
-    instant = [_row(0), _row(0)]  # rows too quick to count a second
-    run = type("Run", (), {"rows": lambda self: instant})()
-    assert verify.pick_rotation([run], 0, 2, 0)[0] == []
-    assert verify.pick_rotation([run], 1, 2, 0)[0] == instant
+def _slot(planned, slots: int, base: str = "v9.9.9") -> int:
+    return verify.slot_of(f"{base}/{planned.subject.entry.name}", slots)
+
+
+def test_turns_audit_slots_that_nest_so_any_n_consecutive_turns_cover_every_slot():
+    for slots in (1, 2, 4, 8, 16):
+        for start in (0, 5, 1000):
+            window = range(start, start + slots)
+            assert sorted(verify.turn_slot(t, slots) for t in window) == list(
+                range(slots)
+            )
+            # A turn's slot lies in its slot of every coarser rotation.
+            for turn in window:
+                assert verify.turn_slot(turn, slots) // 2 == verify.turn_slot(
+                    turn, max(1, slots // 2)
+                )
+
+
+def test_the_slots_are_the_fewest_whose_share_of_every_row_fits_the_budget():
+    assert verify.audit_slots(0, 600) == 1
+    assert verify.audit_slots(600, 600) == 1
+    assert verify.audit_slots(601, 600) == 2
+    assert verify.audit_slots(5131, 1200) == 8
+
+
+def test_any_n_consecutive_commits_audit_every_row_while_the_rows_change():
+    """The rows reused, their seconds, the run's own proofs and so the
+    number of slots change from run to run; a row that stays is audited at
+    least once in any 16 consecutive turns (16: the most slots these rows
+    ever need), in a full run of its slot whatever the run proves besides."""
+    rng = random.Random(45)
+    budget_minutes, workers = 10, 2  # 1,200 test-seconds a run
+    for trial in range(200):
+        start = rng.randrange(10_000)
+        audited_at = []
+        for turn in range(start, start + 16):
+            watched = _row(rng.uniform(0, 300), name=f"{trial:04d}-watched")
+            others = [
+                _row(rng.uniform(0, 300), why=rng.choice(["", "", "changed"]), name=f"{n:04d}")
+                for n in rng.sample(range(60), rng.randrange(40))
+            ]
+            rows = [watched, *others]
+            rng.shuffle(rows)
+            picked, number, slots = verify.pick_rotation(
+                [_run(rows)], budget_minutes, workers, turn
+            )
+            assert slots <= 16
+            if watched in picked:
+                audited_at.append(turn)
+                assert _slot(watched, slots) == number
+        assert audited_at, f"trial {trial}: the watched row is never audited"
+
+
+def test_a_run_whose_own_proofs_spend_the_budget_still_audits_its_slot():
+    rows = [_row(100, name=f"{n:04d}") for n in range(8)]
+    proving = [_row(1000, why="changed: the queue's tree", name="0100")]
+    picked, number, slots = verify.pick_rotation([_run(rows + proving)], 10, 1, 0)
+    assert slots == 8  # 3,600 test-seconds in slots of 600
+    assert picked == [row for row in rows if _slot(row, slots) == number]
+    instant = [_row(0), _row(0, name="0002")]  # rows too quick to count a second
+    assert verify.pick_rotation([_run(instant)], 0, 2, 0)[0] == []
+    assert verify.pick_rotation([_run(instant)], 1, 2, 0)[0] == instant
 
 
 def another_kind_of_machine() -> dict:
@@ -598,16 +638,67 @@ def another_kind_of_machine() -> dict:
 
 def test_rows_proved_on_another_kind_of_machine_are_audited_first():
     elsewhere = another_kind_of_machine()
-    rows = [_row(100), _row(100, machine=elsewhere), _row(100), _row(50, machine=elsewhere)]
-    run = type("Run", (), {"rows": lambda self: rows})()
-    # Groups of 400 test-seconds: rows 0-1 and rows 2-3.
-    picked, number, groups = verify.pick_rotation([run], 10 / 1.5, 1, 0)
-    assert (number, groups) == (0, 2)
-    # The group's row from elsewhere first, then the group, then, within the
-    # budget, the other group's row from elsewhere; never row 2.
-    assert picked == [rows[1], rows[0]]
-    picked, _, _ = verify.pick_rotation([run], 10 / 1.2, 1, 0)
-    assert picked == [rows[1], rows[0], rows[3]]
+    rows = [
+        _row(50, name=f"{n:04d}", machine=elsewhere if n % 2 else None)
+        for n in range(12)
+    ]
+    # 1,200 test-seconds in 2 slots of a 600 budget; the turn of the smaller.
+    turn = min((0, 1), key=lambda t: sum(_slot(r, 2) == t for r in rows))
+    picked, number, slots = verify.pick_rotation([_run(rows)], 10, 1, turn)
+    assert (number, slots) == (turn, 2)
+    slot = [row for row in rows if _slot(row, slots) == number]
+    mine = [row for row in slot if row.recorded.machine != elsewhere]
+    assert picked[: len(slot)] == [row for row in slot if row not in mine] + mine
+    # What the slot leaves of the budget goes to the other slot's rows from
+    # elsewhere, never to its rows proved here.
+    extra = picked[len(slot) :]
+    assert len(extra) == (600 - 100 * len(slot)) // 100
+    assert all(row.recorded.machine == elsewhere for row in extra)
+
+
+def test_an_edited_with_fix_record_is_caught_within_n_commits_while_rows_change(
+    project, queue, capsys
+):
+    """A with-fix outcome edited by hand is caught by the run of the one turn
+    among any 4 consecutive ones whose slot holds its row, while another row
+    is made stale (proved, not reused) part-way."""
+    row = _edit_row(project, 0, "with_fix", "tests/test_layer_3.py::test_layer_3_gone")
+    name = f"{project.base.name}/{queue[0]}"
+    caught = []
+    for turn in range(100, 104):
+        file = ledger.path(project.base)
+        data = json.loads(file.read_text())
+        for each in data["rows"]:  # 200 test-seconds a row: 4 slots of 200
+            each["seconds"] = each["with_fix_seconds"] = 100
+        if turn == 102:
+            data["rows"][2]["inputs"]["tree_without_fix"] = "0" * 40
+        file.write_text(json.dumps(data))
+        capsys.readouterr()
+        verify.main([project.base], 2, seed=turn, audit_minutes=200 / 120)
+        captured = capsys.readouterr()
+        assert "rotation slot" in captured.err and " of 4 (turn" in captured.err
+        if f"NO: audit of the row with key {row['key'][:12]}" in captured.out:
+            caught.append(turn)
+    assert caught == [t for t in range(100, 104) if verify.turn_slot(t, 4) == verify.slot_of(name, 4)]
+    assert len(caught) == 1
+
+
+def test_a_shallow_clone_is_deepened_for_the_turn(tmp_path, monkeypatch, capsys):
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    git(origin, "init", "-q")
+    for n in range(3):
+        git(origin, "commit", "-q", "--allow-empty", "-m", f"commit {n}")
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", "--depth", "1", f"file://{origin}", str(clone))
+    monkeypatch.setattr(verify.pins, "ROOT", clone)
+    assert verify.commit_count() == 3
+    assert "this clone is shallow; fetching its history" in capsys.readouterr().err
+    git(tmp_path, "clone", "-q", "--depth", "1", f"file://{origin}", "gone")
+    shutil.rmtree(origin)
+    monkeypatch.setattr(verify.pins, "ROOT", tmp_path / "gone")
+    with pytest.raises(ForkError, match="shallow and `git fetch --unshallow` failed"):
+        verify.commit_count()
 
 
 def test_the_fingerprint_is_data_and_not_in_the_key(project, queue):
@@ -685,7 +776,7 @@ def test_costs_sum_each_test_files_seconds_from_the_ledger(project, queue):
     assert "tests/test_layer_3.py" in shown and "test-seconds" in shown
     [(rows, _)] = verify.rotation([project.base], 10, 1)
     assert rows == [f"v9.9.9 {name[:4]}" for name in queue]
-    assert "1 groups, so 1 consecutive commits audit every row" in (
+    assert "1 slots, so any 1 consecutive commits audit every row" in (
         costs.rotation_table([project.base])
     )
 
