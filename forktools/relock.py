@@ -78,7 +78,8 @@ def tool_environments(bases: list[Base]) -> dict[str, tuple[list[str], bool]]:
         tools.environment_name(tool): ([tool], False)
         for tool in (tools.RUFF, tools.PYYAML, tools.UV)
     }
-    found[tools.packages_name(tools.XDIST)] = (list(tools.XDIST), True)
+    for packages in (tools.XDIST, tools.BUILD):
+        found[tools.packages_name(packages)] = (list(packages), True)
     for base in bases:
         hooks = precommit.hooks(base)
         for tool in filter(None, (hooks.ruff, hooks.typos)):

@@ -20,6 +20,9 @@ PYYAML = "pyyaml==6.0.3"
 # Spreads the tooling's tests over the CPUs; pure Python, loaded beside the
 # caller's own pytest.
 XDIST = ("pytest-xdist==3.8.0", "execnet==2.1.2")
+# pyproject.toml's build requirements on this Python, as pinned there: the
+# tooling's tests install the project from their lock.
+BUILD = ("setuptools==84.2.1", "pip==26.3", "packaging==26.4")
 COMPLETE = ".vllm-fork-complete"
 
 
@@ -88,18 +91,15 @@ def lock_path(name: str) -> Path:
 
 def _locked(name: str, requirements: list[str] | tuple[str, ...]) -> list[str]:
     """pip's arguments for ``requirements``: the tool's lock, hash-checked and
-    without dependencies, where ``make lock`` wrote one."""
+    without dependencies. Nothing is installed from the index unlocked."""
     lock = lock_path(name)
-    if lock.exists():
-        envlocks.read_file(lock, platform.python_version())  # refuses another's
-        return ["--require-hashes", "--no-deps", "-r", str(lock)]
-    print(
-        f"vllm-fork: {' '.join(requirements)} has no lock "
-        f"({lock.relative_to(pins.ROOT)}); installing what the index serves "
-        "today (`make lock` writes one)",
-        file=sys.stderr,
-    )
-    return list(requirements)
+    if not lock.exists():
+        raise ForkError(
+            f"{' '.join(requirements)} has no lock ({lock.relative_to(pins.ROOT)}): "
+            "`make lock` writes it; commit it with the change that needs the tool"
+        )
+    envlocks.read_file(lock, platform.python_version())  # refuses another's
+    return ["--require-hashes", "--no-deps", "-r", str(lock)]
 
 
 def _install(path: Path, name: str, requirements: list[str]) -> None:

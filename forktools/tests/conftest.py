@@ -210,6 +210,19 @@ def _environment(path: Path, version: str, home: str) -> Path:
     return path
 
 
+def tool_lock(name: str, *requirements: str) -> Path:
+    """Lock the tool environment ``name`` to ``requirements``, each with a
+    made-up hash, in the project ``pins.ROOT`` points at."""
+    from forktools import tools
+
+    lock = tools.lock_path(name)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    python = ".".join(platform.python_version_tuple()[:2])
+    pinned = "".join(f"{r} --hash=sha256:{'0' * 64}\n" for r in requirements)
+    lock.write_text(f"# for Python {python} on {platform.machine()}\n{pinned}")
+    return lock
+
+
 @pytest.fixture
 def builds(monkeypatch) -> list[Path]:
     """Environment builds that take a moment and install nothing: the
@@ -222,8 +235,10 @@ def builds(monkeypatch) -> list[Path]:
             time.sleep(0.5)
             _environment(Path(command[3]), *THIS_PYTHON)
         elif command[1:4] == ["-m", "pip", "install"]:
-            if "==" in command[-1]:
-                (Path(command[0]).parent / command[-1].split("==")[0]).touch()
+            lock = command[-1] if command[-2] == "-r" else None
+            for line in Path(lock).read_text().splitlines() if lock else []:
+                if "==" in line and not line.startswith("#"):
+                    (Path(command[0]).parent / line.split("==")[0]).touch()
         elif command[1] == "-c" and Path(command[0]).parent.parent in made:
             pass  # a step run by an environment's Python, which is not made here
         else:

@@ -10,7 +10,7 @@ import pytest
 from forktools import cli, export, materialize, pins, tools
 from forktools.pins import ROOT, ForkError
 
-from .conftest import BASE
+from .conftest import BASE, tool_lock
 
 
 def _fork(capsys) -> tuple[int, str]:
@@ -264,6 +264,7 @@ def test_tooling_tests_without_an_index_run_in_one_process(monkeypatch, capsys):
 
 
 def test_a_package_that_cannot_be_installed_is_named_and_leaves_nothing(project):
+    tool_lock(tools.packages_name(("nothing-here==1.0",)), "nothing-here==1.0")
     with pytest.raises(ForkError, match=r"could not install nothing-here==1\.0 \("):
         tools.packages(("nothing-here==1.0",))
     assert not (project.root.parent / "cache" / "tools" / "nothing-here-1.0").exists()

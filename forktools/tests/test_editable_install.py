@@ -9,16 +9,15 @@ settings.
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from forktools import materialize, tools, uv_index
+from forktools.pins import ROOT
 
 from .conftest import WHEEL_FILES, _wheel, copy_tooling
-
-BUILD_REQUIREMENTS = ["setuptools>=77", "pip", "packaging"]
-
 
 @pytest.fixture(scope="session")
 def uv() -> Path:
@@ -27,11 +26,13 @@ def uv() -> Path:
 
 @pytest.fixture(scope="session")
 def build_wheelhouse(tmp_path_factory) -> Path:
-    """The build requirements as wheels, from pip's configured indexes."""
+    """The build requirements as wheels, from their lock, through pip's
+    configured indexes."""
     wheelhouse = tmp_path_factory.mktemp("build-wheelhouse")
+    lock = tools.lock_path(tools.packages_name(tools.BUILD))
     download = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:"]
     result = subprocess.run(
-        [*download, "-d", str(wheelhouse), *BUILD_REQUIREMENTS],
+        [*download, "-d", str(wheelhouse), "--require-hashes", "--no-deps", "-r", lock],
         capture_output=True,
         text=True,
     )
@@ -54,6 +55,15 @@ def uv_project(project, tmp_path, uv, build_wheelhouse):
     project.pin()
     subprocess.run([uv, "venv", "-q", str(tmp_path / "venv")], check=True)
     return project
+
+
+def test_the_build_requirements_are_pinned_and_locked():
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+    here = [r for r in requires["requires"] if "python_version" not in r]
+    assert here == list(tools.BUILD)
+    locked = tools.lock_path(tools.packages_name(tools.BUILD)).read_text()
+    for requirement in tools.BUILD:
+        assert f"{requirement} \\\n    --hash=sha256:" in locked
 
 
 def uv_install(uv, project, tmp_path, args, env_updates) -> Path:

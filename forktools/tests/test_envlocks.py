@@ -173,6 +173,17 @@ def test_a_tool_with_a_lock_is_installed_from_it(project, seeds):
     assert f"{TINY}==1.0" in shown.stdout.split()
 
 
+def test_a_tool_without_a_lock_is_refused_naming_make_lock(project):
+    _tiny_wheel(project.index)  # the index serves it; nothing is taken unlocked
+    with pytest.raises(ForkError) as refused:
+        tools.environment(f"{TINY}==1.0")
+    said = str(refused.value)
+    assert "\n" not in said
+    assert f"{TINY}==1.0 has no lock (locks/tools/{TINY}-1.0.txt): `make lock`" in said
+    with pytest.raises(ForkError, match=r"pytest-xdist==3\.8\.0 execnet==2\.1\.2 has"):
+        tools.packages(tools.XDIST)
+
+
 def test_a_lock_line_without_its_hash_names_the_file_and_the_line(project):
     path = project.lock("test", f"a==1 --hash=sha256:{'0' * 64}", "b==2")
     with pytest.raises(ForkError, match=rf"{path}: 'b==2' is not `name==version"):

@@ -11,7 +11,7 @@ import pytest
 from forktools import download, tools, venv
 from forktools.pins import Exclusion, ForkError
 
-from .conftest import BASE, THIS_PYTHON, _environment
+from .conftest import BASE, THIS_PYTHON, _environment, tool_lock
 
 EXCLUDED = Exclusion("numpy", "a GPU kernel package in this story")
 
@@ -95,6 +95,7 @@ def test_a_run_that_waited_for_a_build_goes_on_while_the_builder_runs(
 
 
 def test_two_runs_at_once_install_a_tool_once(project, builds):
+    tool_lock(tools.environment_name(tools.RUFF), tools.RUFF)
     executables = _twice_at_once(lambda: tools.installed(tools.RUFF))
     assert executables[0] == executables[1] and executables[0].exists()
     assert len(builds) == 1
