@@ -527,8 +527,10 @@ def _conclude_row(
         row.problem = _judge(row.with_fix, row.without_fix, run.declared)
         # What the tests showed is kept whatever the declarations say: they
         # are judged on every run, and a fixed declaration proves nothing again.
+        # A row whose tests fail with the fix proves nothing: never kept.
         observed_failing = bool(planned.observed.failed) and not planned.observed.errors
-        return row, proof if observed_failing else None
+        with_fix_passing = not planned.with_fix.failed and not planned.with_fix.errors
+        return row, proof if observed_failing and with_fix_passing else None
     assert recorded is not None
     row.with_fix = recorded.with_fix
     row.without_fix = recorded.without_fix

@@ -478,6 +478,27 @@ def test_a_run_stopped_part_way_keeps_the_rows_it_proved(project, queue, monkeyp
     assert after.proofs[queue[2]].key == before[queue[2]]
 
 
+def test_a_row_whose_with_fix_half_fails_is_never_written(
+    project, queue, monkeypatch, capsys
+):
+    before = {p.patch: p.key for p in ledger.load(project.base).proofs.values()}
+    run_tests = prove.run_tests
+
+    def failing_with_the_second_fix(python, tree, nodeids, engine=None, label=""):
+        outcome = run_tests(python, tree, nodeids, engine, label)
+        if "0002 with" in label:
+            outcome.calls = dict.fromkeys(outcome.calls, "failed")
+        return outcome
+
+    monkeypatch.setattr(prove, "run_tests", failing_with_the_second_fix)
+    monkeypatch.setattr(prove, "coarse_platform", lambda: "Linux elsewhere")
+    assert verify.main([project.base], 1, audit=0) == 1
+    after = ledger.load(project.base).proofs
+    assert after[queue[0]].inputs.platform == "Linux elsewhere"
+    assert queue[1] not in after and queue[1] in before  # proved again next run
+    assert "0/1 passed" in capsys.readouterr().out
+
+
 def test_a_hand_edited_row_is_caught_by_the_audit_and_fresh_proves_it_again(
     project, queue, capsys
 ):
