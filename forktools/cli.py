@@ -43,7 +43,7 @@ def cmd_check(args, proving: bool = False) -> int:
     """Fail when patches/ and the fork trees disagree, or a proof ledger is
     stale; ``proving`` (``make test``, whose verify stage proves them next)
     lets rows that only need proving pass."""
-    from forktools.proof import ledger, verify
+    from forktools.proof import ledger
 
     found, checked = [], 0
     for base in _bases(args):
@@ -55,7 +55,8 @@ def cmd_check(args, proving: bool = False) -> int:
             )
             continue
         checked += 1
-        found += check.problems(base) or verify.stale(base, proving)
+        problems = check.problems(base)
+        found += problems + [p for p in _stale(base, proving) if p not in problems]
         if ledger.path(base).exists():
             print(f"check: {ledger.proved_here(base)}")
     for problem in found:
@@ -67,6 +68,17 @@ def cmd_check(args, proving: bool = False) -> int:
     elif not found:
         print("check: patches/ and the fork trees agree; the proof ledgers are current")
     return 1 if found else 0
+
+
+def _stale(base, proving: bool) -> list[str]:
+    """The ledger's stale rows, or why they cannot be planned (a problem
+    ``check.problems`` may name too)."""
+    from forktools.proof import verify
+
+    try:
+        return verify.stale(base, proving)
+    except ForkError as error:
+        return [str(error)]
 
 
 def cmd_fixes(args) -> int:

@@ -802,6 +802,22 @@ def test_costs_sum_each_test_files_seconds_from_the_ledger(project, queue):
     )
 
 
+def test_make_check_reports_a_queue_problem_and_the_stale_rows_both(
+    project, queue, capsys
+):
+    from forktools import cli
+
+    declared = project.base.patch_dir / "symptoms.toml"
+    gone = '["tests/test_gone.py::test_gone"]\nexception = "E"\nmessage = "m"\n'
+    declared.write_text(declared.read_text() + gone)
+    project.lock("test", "x==2 --hash=sha256:" + "0" * 64)
+    capsys.readouterr()
+    assert cli.main(["check", "--base", project.base.name]) == 1
+    said = capsys.readouterr().err
+    assert "tests/test_gone.py::test_gone" in said
+    assert said.count("is stale: the locked environments") == 3
+
+
 def test_a_row_whose_key_is_not_its_inputs_digest_is_stale(project, queue):
     file = ledger.path(project.base)
     data = json.loads(file.read_text())
