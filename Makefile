@@ -32,27 +32,49 @@ reads_test := BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED
 reads_pr := BASE PATCH ONTO
 reads_rebase := TO PROBE PORTED
 reads_bench := BASE FIGURES CELLS
+targets := help fork export check fixes status verify read-only costs lint test test-tooling venv lock engine pr bench rebase wheel
+# The targets a user of the fork runs; `make help` lists them first.
+user_targets := fixes status wheel pr
+unknown_goals := $(filter-out $(targets),$(MAKECMDGOALS))
+ifneq ($(unknown_goals),)
+$(error no target $(unknown_goals) in this Makefile: `make help` lists them; nothing was run)
+endif
 goals := $(or $(MAKECMDGOALS),help)
 unread_vars := $(filter-out PYTHON $(foreach g,$(goals),$(reads_$(g))) $(passed_vars),$(given_vars))
 ifneq ($(unread_vars),)
 $(error $(foreach v,$(unread_vars),$(v)=$($(v))) is not read by make $(goals): $(foreach g,$(goals),$(g) reads $(or $(reads_$(g)),no variable);) every target reads PYTHON; nothing was run)
 endif
-# A switch (FRESH=1) is off when empty, 0, no, false or off.
-on = $(filter-out 0 no No NO false False FALSE off Off OFF,$(1))
+# A switch (FRESH=1) is on or off, and nothing else: FRESH=maybe is refused.
+switches := FRESH HUNKS WIDE FETCH ALL NO_LOCK SMOKE PROBE PORTED
+off_words := 0 no No NO false False FALSE off Off OFF
+on_words := 1 yes Yes YES true True TRUE on On ON
+not_switched := $(foreach v,$(filter $(switches),$(given_vars)),$(if $(filter-out $(on_words) $(off_words),$($(v))),$(v)=$($(v))))
+ifneq ($(not_switched),)
+$(error $(not_switched): a switch is on ($(on_words)) or off ($(off_words), or empty); nothing was run)
+endif
+on = $(filter-out $(off_words),$(1))
 base_arg = $(if $(BASE),--base $(BASE))
 jobs_arg = $(if $(JOBS),--jobs $(JOBS))
 proof_args = $(if $(call on,$(FRESH)),--fresh) $(if $(AUDIT),--audit $(AUDIT)) $(if $(AUDIT_MINUTES),--audit-minutes $(AUDIT_MINUTES)) $(if $(AUDIT_SEED),--audit-seed $(AUDIT_SEED))
 forktools = $(PYTHON) -m forktools
 
-.PHONY: help fork export check fixes status verify read-only costs lint test test-tooling venv lock engine pr bench rebase wheel
+.PHONY: $(targets)
 
-help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{ \
+# The `## ` lines of the targets named in $(1), in Makefile order, wrapped.
+help_for = grep -E '^[a-z-]+:.*\#\# ' $(MAKEFILE_LIST) | awk -F':.*\#\# ' -v want=' $(1) ' '\
+	index(want, " " $$1 " ") { \
 		line = sprintf("  make %-13s", $$1); n = split($$2, words, " "); \
 		for (i = 1; i <= n; i++) { \
 			if (length(line) + 1 + length(words[i]) > 80) { print line; line = sprintf("%20s", "") } \
 			line = line " " words[i] } \
 		print line }'
+
+help: ## list the targets
+	@echo "Use the fork:"
+	@echo "  pip install -e .   vLLM with the fork's fixes, on a GPU node (README.md)"
+	@$(call help_for,$(user_targets))
+	@echo "Maintain it:"
+	@$(call help_for,$(filter-out $(user_targets),$(targets)))
 	@echo "  BASE=<base> limits a target to one base pinned in upstream.toml"
 
 fork: ## materialize vllm/ and tests/ for BASE (default: upstream.toml's)

@@ -343,6 +343,36 @@ def test_a_missing_patch_or_to_is_one_line(target, said):
     assert said in made.stderr and "usage:" not in made.stderr
 
 
+def test_make_names_a_target_it_does_not_have():
+    made = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "fix", "BASE=v0.33.0"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 2
+    assert "no target fix in this Makefile: `make help` lists them" in made.stderr
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "on please"])
+def test_make_refuses_a_switch_that_is_neither_on_nor_off(value):
+    made = subprocess.run(
+        ["make", "-n", "-C", str(ROOT), "verify", f"FRESH={value}"],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 2
+    assert f"FRESH={value}: a switch is on (1 yes" in made.stderr
+    assert "--fresh" not in made.stdout
+
+
+def test_make_help_lists_the_users_commands_first():
+    made = subprocess.run(["make", "-C", str(ROOT), "-s", "help"], capture_output=True, text=True)
+    listed = [line.split()[1] for line in made.stdout.splitlines() if line.startswith("  make ")]
+    users = ["fixes", "status", "wheel", "pr"]
+    assert listed[: len(users)] == users and len(listed) == len(set(listed)) > 15
+    assert made.stdout.index("pip install -e .") < made.stdout.index("make fixes")
+
+
 def test_make_help_fits_80_columns():
     made = subprocess.run(["make", "-C", str(ROOT), "-s", "help"], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
