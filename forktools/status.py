@@ -6,10 +6,11 @@ tree. A backport rarely does (upstream wrote its own fix), so for a
 ``Backport`` the release its trailer names counts too. A patch the release
 lacks is carried when that release's queue has a patch of the same subject
 (what ``make rebase`` keeps) or one that creates the same test module (a fix
-written again for newer code); a newer queue may leave a fork-only test out
-on purpose ("not carried"), never a fix ("NEEDED"). Only pristine trees
-already here are read; ``fetch`` downloads and builds the missing ones and
-asks the package index for releases newer than the newest pin.
+written again for newer code), read from the committed queues; a newer queue
+may leave a fork-only test out on purpose ("not carried"), never a fix
+("NEEDED"). Only pristine trees already here are read; ``fetch`` downloads
+and builds the missing ones and asks the package index for releases newer
+than the newest pin.
 
 By default one base, in the terminal's width (80 columns when it is not a
 terminal); ``wide`` gives every base with the full upstream status.
@@ -82,15 +83,15 @@ def in_newer(
     carried: Carried,
     fetch: bool = False,
 ) -> str:
-    """Whether ``newer`` holds ``entry`` (``in_release``), else whether its
-    queue carries it (``carried``)."""
+    """Whether ``newer``'s queue carries ``entry`` (read from the committed
+    queues: nothing to download), else whether the release holds it
+    (``in_release``). A queue carries only what its release lacks."""
+    subject_carried = entry.subject(base) in carried.subjects
+    if subject_carried or entry.new_test_modules(base) & carried.tests:
+        return CARRIED
     held = in_release(base, entry, status, newer, fetch)
     if held != "needed":
         return held
-    if entry.subject(base) in carried.subjects:
-        return CARRIED
-    if entry.new_test_modules(base) & carried.tests:
-        return CARRIED
     return NEEDED if entry.is_fix(base) else NOT_CARRIED
 
 
@@ -177,7 +178,11 @@ def narrow(base: Base, pinned: pins.Pins, fetch: bool = False, width: int = 0) -
         render(table) if entries else "(empty queue)",
     ]
     if any(_short(NOT_HERE) in row for row in table):
-        lines.append("not here: make status FETCH=1 downloads that release")
+        lines.append(
+            "not here: whether that release already holds the patch needs its "
+            "pristine tree; make status FETCH=1 downloads its sdist and wheel "
+            "(300 to 500 MB a release)"
+        )
     return "\n".join(lines)
 
 
