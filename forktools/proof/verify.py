@@ -395,10 +395,11 @@ def _deepen() -> None:
     )
     fetched = git.run(pins.ROOT, "fetch", "--quiet", "--unshallow", check=False)
     if fetched.returncode != 0:
+        said = (fetched.stderr.strip() or "no reason given").splitlines()[0]
         raise ForkError(
-            "this clone is shallow and `git fetch --unshallow` failed "
-            f"({fetched.stderr.strip() or 'no reason given'}): the audit's turn is "
-            "the commit count; deepen the clone, or give AUDIT_SEED=<turn>"
+            f"this clone is shallow and `git fetch --unshallow` failed ({said}): "
+            "the audit's turn is the commit count; deepen the clone, or give "
+            "AUDIT_SEED=<turn>"
         )
 
 
@@ -709,6 +710,8 @@ def main(
     turn (``seed``, default the commit count) within ``audit_minutes``, or
     ``audit`` rows at random (``seed``, default a random one)."""
     # Refuse before anything runs, not once another base's rows are done.
+    if audit is None and seed is None:
+        seed = commit_count()  # the rotation's turn; a shallow clone deepened
     for base in bases:
         materialize.refuse_if_unexported(
             materialize.ensure(base), f"verify {base.name}"
@@ -728,7 +731,7 @@ def main(
         audited = pick_audits(runs, audit, seed)
         how = f"at random (seed {seed}; AUDIT_SEED={seed} repeats it)"
     else:
-        turn = seed if seed is not None else commit_count()
+        turn = seed
         audited, number, slots = pick_rotation(runs, audit_minutes, workers, turn)
         how = (
             f"rotation slot {number + 1} of {slots} (turn {turn}, the commit "

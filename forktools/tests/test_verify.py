@@ -718,8 +718,9 @@ def test_a_shallow_clone_is_deepened_for_the_turn(tmp_path, monkeypatch, capsys)
     git(tmp_path, "clone", "-q", "--depth", "1", f"file://{origin}", "gone")
     shutil.rmtree(origin)
     monkeypatch.setattr(verify.pins, "ROOT", tmp_path / "gone")
-    with pytest.raises(ForkError, match="shallow and `git fetch --unshallow` failed"):
+    with pytest.raises(ForkError, match="shallow and `git fetch --unshallow` failed") as e:
         verify.commit_count()
+    assert "\n" not in str(e.value) and "AUDIT_SEED=<turn>" in str(e.value)
 
 
 def test_the_fingerprint_is_data_and_not_in_the_key(project, queue):
