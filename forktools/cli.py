@@ -129,8 +129,15 @@ def cmd_lint(args) -> int:
 def cmd_read_only(args) -> int:
     """The queue's read-only cache tests again, with every capability dropped."""
     from forktools import proof
+    from forktools.proof.verify import AUDIT_MINUTES
 
-    return proof.main("read-only", _bases(args), fresh=getattr(args, "fresh", False))
+    return proof.main(
+        "read-only",
+        _bases(args),
+        fresh=getattr(args, "fresh", False),
+        seed=getattr(args, "audit_seed", None),
+        audit_minutes=getattr(args, "audit_minutes", AUDIT_MINUTES),
+    )
 
 
 def cmd_costs(args) -> int:

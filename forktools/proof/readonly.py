@@ -7,10 +7,12 @@ row's tests with its fix as the caller, the bind mount where CI runs as
 root; this stage runs the read-only ones again with every capability
 dropped, so that both ways run, and fails on a skip.
 
-A passing run is kept as ``patches/<base>/read_only.json``, keyed like a
+The tests run in a clean checkout of the queue's tree, as ``make verify``'s
+do. A passing run is kept as ``patches/<base>/read_only.json``, keyed like a
 ledger row (the queue's tree, the locked environments, the harness, the
-proof code and this file, the tests) and reused while its key holds;
-``fresh`` runs them all again.
+proof code and this file, the tests) and reused while its key holds, but in
+the turn of the audit's rotation that holds it (a row ``<base>/read-only``
+of ``make verify``'s rotation); ``fresh`` runs them all again.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from forktools import git, materialize, venv
 from forktools.pins import Base, ForkError
-from forktools.proof import ledger, prove, schedule
+from forktools.proof import ledger, prove, schedule, verify
 
 READ_ONLY = "test_read_only"
 RECORD = "read_only.json"
@@ -69,12 +72,13 @@ def recorded(base: Base) -> dict:
         return {}  # run again; a passing run writes it anew
 
 
-def _record(base: Base, inputs: dict, outcome: prove.Outcome) -> None:
+def _record(base: Base, inputs: dict, outcome: prove.Outcome, seconds: float) -> None:
     record = {
         "key": ledger.digest(inputs.values()),
         "inputs": inputs,
         "calls": outcome.calls,
         "proved": datetime.date.today().isoformat(),
+        "seconds": round(seconds, 1),
     }
     file = base.patch_dir / RECORD
     file.parent.mkdir(parents=True, exist_ok=True)
@@ -89,14 +93,24 @@ def _python_without_capabilities(python: Path, folder: Path) -> Path:
     return shim
 
 
-def main(bases: list[Base], fresh: bool = False) -> int:
-    """Each base's read-only tests, a job of the proof's one scheduler each;
-    a base whose record's key holds is reused unless ``fresh``."""
+def main(
+    bases: list[Base],
+    fresh: bool = False,
+    seed: int | None = None,
+    audit_minutes: float = verify.AUDIT_MINUTES,
+) -> int:
+    """Each base's read-only tests, a job of the proof's one scheduler each,
+    in a clean checkout of its tree. A base whose record's key holds is
+    reused unless ``fresh``, or unless this turn's slot of the audit's
+    rotation (``seed``, default the commit count) holds it: a record is a
+    row named ``<base>/read-only`` of ``make verify``'s rotation."""
     if shutil.which(DROP_CAPABILITIES[0]) is None:
         raise ForkError(
             "the read-only tests without capabilities need setpriv (util-linux): "
             "`apt-get install util-linux`"
         )
+    turn = seed if seed is not None else verify.commit_count()
+    slots = _slots(bases, audit_minutes)
     runs = []
     for base in bases:
         tree = materialize.ensure(base)
@@ -105,37 +119,63 @@ def main(bases: list[Base], fresh: bool = False) -> int:
             print(f"read-only: {base.name}: the queue has no read-only test")
             continue
         now, record = inputs(base, tree, nodeids), recorded(base)
-        if not fresh and record.get("key") == ledger.digest(now.values()):
+        held = record.get("key") == ledger.digest(now.values())
+        audited = held and _in_turn(base, turn, slots)
+        if held and not fresh and not audited:
             passed = sum(result == "passed" for result in record["calls"].values())
             print(
                 f"read-only: {base.name}: reused (key {record['key'][:12]}, "
                 f"{record['proved']}): {passed} passed"
             )
             continue
-        runs.append((base, tree, nodeids, now))
+        if audited and not fresh:
+            print(
+                f"read-only: {base.name}: auditing its record (key "
+                f"{record['key'][:12]}, {record['proved']}): rotation slot "
+                f"{verify.turn_slot(turn, slots) + 1} of {slots} (turn {turn})"
+            )
+        runs.append(((base, tree, nodeids, now), record.get("seconds", 0.0)))
     failed: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         schedule.execute(
             [
-                schedule.Job(0.0, lambda r=run: failed.append(_run(*r, Path(tmp))))
-                for run in runs
+                schedule.Job(seconds, lambda r=run: failed.append(_run(*r, Path(tmp))))
+                for run, seconds in runs
             ]
         )
     return 1 if any(failed) else 0
 
 
+def _slots(bases: list[Base], minutes: float) -> int:
+    """The rotation's number of slots, from the ledgers' test-seconds."""
+    rows = [proof for base in bases for proof in ledger.load(base).proofs.values()]
+    total = sum(proof.seconds + proof.with_fix_seconds for proof in rows)
+    budget = minutes * 60 * schedule.default_jobs()
+    return verify.audit_slots(total, budget) if budget > 0 else 0
+
+
+def _in_turn(base: Base, turn: int, slots: int) -> bool:
+    if not slots:
+        return False
+    slot = verify.slot_of(f"{base.name}/read-only", slots)
+    return slot == verify.turn_slot(turn, slots)
+
+
 def _run(base: Base, tree: Path, nodeids: list[str], now: dict, tmp: Path) -> str:
-    """Runs ``nodeids`` without capabilities; the base's name if a case did
-    not pass, else "" (and the run is recorded under the key of ``now``)."""
+    """Runs ``nodeids`` without capabilities in a clean checkout of ``tree``;
+    the base's name if a case did not pass, else "" (and the run is recorded
+    under the key of ``now``)."""
     folder = tmp / base.name
     folder.mkdir()
     python = _python_without_capabilities(venv.ensure(base), folder)
     label = f"{base.name} read-only, no capabilities"
-    outcome = prove.run_tests(python, tree, nodeids, label=label)
+    started = time.monotonic()
+    with prove.checkout(tree) as worktree:
+        outcome = prove.run_tests(python, worktree, nodeids, label=label)
     found = problems(nodeids, outcome)
     for problem in found:
         print(f"read-only: {base.name}: {problem}", file=sys.stderr, flush=True)
     if not found:
         print(f"read-only: {base.name}: {outcome.passed} passed", flush=True)
-        _record(base, now, outcome)
+        _record(base, now, outcome, time.monotonic() - started)
     return base.name if found else ""

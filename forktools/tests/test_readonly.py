@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 from forktools import materialize
-from forktools.proof import prove, readonly
+from forktools.proof import prove, readonly, verify
 
 from .conftest import git
 
@@ -76,6 +76,7 @@ def test_a_passing_run_is_kept_and_reused_while_its_key_holds(
     monkeypatch.setattr(readonly.venv, "ensure", lambda base: sys.executable)
     monkeypatch.setattr(readonly.venv, "environments", lambda base: {"test": ["a==1"]})
     monkeypatch.setattr(readonly.shutil, "which", lambda name: "/usr/bin/setpriv")
+    monkeypatch.setattr(readonly, "_in_turn", lambda base, turn, slots: False)
     base = project.base
     assert readonly.main([base]) == 0 and len(runs) == 1
     record = readonly.recorded(base)
@@ -92,3 +93,36 @@ def test_a_passing_run_is_kept_and_reused_while_its_key_holds(
     (base.patch_dir / readonly.RECORD).write_text("{ torn")
     assert readonly.main([base]) == 0 and len(runs) == 4
     assert readonly.recorded(base)["key"] != record["key"]
+
+
+def test_a_record_is_audited_in_its_turn_of_the_rotation_in_a_clean_checkout(
+    project, monkeypatch, capsys
+):
+    materialize.ensure(project.base)
+    project.commit("tests/test_cache.py", READ_ONLY, "[Bugfix] Cache read-only")
+    (project.tree / "tests" / "stray.py").write_text("left behind by a test run\n")
+    seen = []
+
+    def run_tests(python, tree, nodeids, engine=None, label="", harness=None):
+        seen.append((tree, (tree / "tests" / "stray.py").exists()))
+        return prove.Outcome({n: "passed" for n in nodeids}, {}, [])
+
+    monkeypatch.setattr(prove, "run_tests", run_tests)
+    monkeypatch.setattr(readonly.venv, "ensure", lambda base: sys.executable)
+    monkeypatch.setattr(readonly.venv, "environments", lambda base: {"test": ["a==1"]})
+    monkeypatch.setattr(readonly.shutil, "which", lambda name: "/usr/bin/setpriv")
+    monkeypatch.setattr(readonly, "_slots", lambda bases, minutes: 4)
+    base = project.base
+    assert readonly.main([base], seed=0) == 0
+    [(tree, stray)] = seen
+    assert tree != project.tree and not stray  # a checkout, not the live tree
+    assert readonly.recorded(base)["seconds"] >= 0
+    slot = verify.slot_of(f"{base.name}/read-only", 4)
+    turns = {turn: verify.turn_slot(turn, 4) == slot for turn in range(100, 104)}
+    capsys.readouterr()
+    for turn, audited in turns.items():
+        assert readonly.main([base], seed=turn) == 0
+        said = capsys.readouterr().out
+        assert ("auditing its record" in said) == audited
+        assert ("reused (key" in said) == (not audited)
+    assert len(seen) == 1 + sum(turns.values()) == 2
