@@ -20,11 +20,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import git, materialize, pins, queue, upstream, venv
+from forktools import git, materialize, pins, queue, upstream, user_checkout, venv
 from forktools.pins import Base, ForkError
 from forktools.proof import ledger, prove, verify
 from forktools.proof.ledger import Proof
 from forktools.proof.prove import Outcome
+from forktools.user_checkout import git_in
 
 # Reserved for examples and tests (RFC 2606, RFC 6761): nobody receives mail there.
 MADE_UP_DOMAIN = re.compile(
@@ -557,164 +558,39 @@ def apply_onto(tree: Path, patch: Path, checkout: Path, shown: str) -> Started:
     """``patch`` (from the fork tree ``tree``; ``shown`` names it) on a new
     branch of ``checkout`` at its HEAD, three-way. Resumes a branch that
     already holds the patch (a conflict finished by hand)."""
-    _require_checkout(checkout)
-    _require_clean(checkout)
+    user_checkout.require_checkout(checkout)
+    user_checkout.require_clean(checkout, "make pr")
     branch = onto_branch(patch.name.split("-", 1)[1].removesuffix(".patch"))
-    subject = _user_git(checkout, "log", "-1", "--format=%s", "HEAD").stdout.strip()
+    subject = git_in(checkout, "log", "-1", "--format=%s", "HEAD").stdout.strip()
     wanted = _mailinfo_subject(tree, patch)
-    if _user_git(checkout, "rev-parse", "--verify", "-q", branch).returncode == 0:
-        top = _user_git(checkout, "log", "-1", "--format=%s", branch).stdout.strip()
-        current = _user_git(checkout, "branch", "--show-current").stdout.strip()
+    if git_in(checkout, "rev-parse", "--verify", "-q", branch).returncode == 0:
+        top = git_in(checkout, "log", "-1", "--format=%s", branch).stdout.strip()
+        current = git_in(checkout, "branch", "--show-current").stdout.strip()
         if top == wanted and current == branch:
-            start = _user_git(checkout, "rev-parse", f"{branch}~1").stdout.strip()
-            return Started(checkout, branch, _describe(checkout, start), 0)
+            start = git_in(checkout, "rev-parse", f"{branch}~1").stdout.strip()
+            return Started(checkout, branch, user_checkout.describe(checkout, start), 0)
         raise ForkError(
             f"{checkout} already has a branch {branch}; remove it (git branch -D "
             f"{branch}) or switch to it to resume, then run make pr again"
         )
-    start = _user_git(checkout, "rev-parse", "HEAD").stdout.strip()
+    start = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
     described = f"{start[:12]} {subject}"
-    brought = _bring_blobs(tree, patch, checkout)
-    previous = _user_git(checkout, "branch", "--show-current").stdout.strip() or start
-    _user_git(checkout, "switch", "--quiet", "-c", branch, check=True)
-    applied = _user_git(checkout, "am", "--3way", "--keep-non-patch", str(patch))
+    brought = user_checkout.bring_blobs(tree, patch, checkout)
+    previous = git_in(checkout, "branch", "--show-current").stdout.strip() or start
+    git_in(checkout, "switch", "--quiet", "-c", branch, check=True)
+    applied = git_in(checkout, "am", "--3way", "--keep-non-patch", str(patch))
     if applied.returncode != 0:
-        raise ForkError(_conflict(shown, patch, checkout, branch, previous, applied))
-    return Started(checkout, branch, described, brought)
-
-
-def _user_git(
-    checkout: Path, *args: str, check: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """git in the user's checkout with the user's own configuration and
-    identity (they are the committer), unlike the fork tree's."""
-    result = subprocess.run(
-        ["git", "-C", str(checkout), *args], capture_output=True, text=True
-    )
-    if check and result.returncode != 0:
         raise ForkError(
-            f"git {' '.join(args)} failed in {checkout}:\n{result.stderr.strip()}"
-        )
-    return result
-
-
-def _require_checkout(checkout: Path) -> None:
-    top = _user_git(checkout, "rev-parse", "--show-toplevel")
-    if not checkout.is_dir() or top.returncode != 0:
-        raise ForkError(
-            f"ONTO={checkout}: not a git checkout (git clone "
-            "https://github.com/vllm-project/vllm, then ONTO=<that path>)"
-        )
-    if Path(top.stdout.strip()).resolve() != checkout.resolve():
-        raise ForkError(
-            f"ONTO={checkout}: name the checkout's top, {top.stdout.strip()}"
-        )
-
-
-def _require_clean(checkout: Path) -> None:
-    """Refuse a checkout with changes or an operation in progress: the
-    patch goes on a branch of its own, and nothing of the user's moves."""
-    for state in ("rebase-apply", "rebase-merge", "MERGE_HEAD", "CHERRY_PICK_HEAD"):
-        path = _user_git(checkout, "rev-parse", "--git-path", state).stdout.strip()
-        if (checkout / path).exists():
-            raise ForkError(
-                f"{checkout}: a git operation is in progress ({state}); finish or "
-                "abort it first"
+            user_checkout.conflict(
+                shown, patch, checkout, branch, previous, applied, "make pr"
             )
-    changed = _user_git(checkout, "status", "--porcelain", "--untracked-files=no")
-    if changed.stdout.strip():
-        files = ", ".join(line[3:] for line in changed.stdout.splitlines()[:5])
-        raise ForkError(
-            f"{checkout} has uncommitted changes ({files}); commit or stash them, "
-            "then run make pr again"
         )
-
-
-def _describe(checkout: Path, commit: str) -> str:
-    said = _user_git(checkout, "log", "-1", "--format=%h %s", "--abbrev=12", commit)
-    return said.stdout.strip()
+    return Started(checkout, branch, described, brought)
 
 
 def _mailinfo_subject(tree: Path, patch: Path) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         return _mailinfo(tree, patch, Path(tmp))["Subject"]
-
-
-_PREIMAGE = re.compile(r"^index ([0-9a-f]{7,})\.\.", re.MULTILINE)
-
-
-def _bring_blobs(tree: Path, patch: Path, checkout: Path) -> int:
-    """Copy each preimage blob the patch names into ``checkout`` where it
-    lacks it, so that ``git am --3way`` can build the merge base."""
-    brought = 0
-    for short in _PREIMAGE.findall(patch.read_text()):
-        if set(short) == {"0"}:
-            continue  # a new file
-        if _user_git(checkout, "cat-file", "-e", f"{short}^{{blob}}").returncode == 0:
-            continue
-        data = git.blob(tree, short)
-        subprocess.run(
-            ["git", "-C", str(checkout), "hash-object", "-w", "--stdin"],
-            input=data,
-            capture_output=True,
-            check=True,
-        )
-        brought += 1
-    return brought
-
-
-def _conflict(
-    shown: str,
-    patch: Path,
-    checkout: Path,
-    branch: str,
-    previous: str,
-    applied: subprocess.CompletedProcess[str],
-) -> str:
-    """Where the three-way apply stopped, and the commands to finish it."""
-    unmerged = _user_git(checkout, "diff", "--name-only", "--diff-filter=U")
-    files = unmerged.stdout.split()
-    where = [
-        f"  {name}: {_conflict_lines(checkout / name)} (the patch's "
-        f"{', '.join(_hunks(patch, name)) or 'hunks'})"
-        for name in files
-    ]
-    if not where:
-        where = [f"  {applied.stderr.strip() or applied.stdout.strip()}"]
-    return "\n".join(
-        [
-            f"{shown} does not apply onto "
-            f"{_describe(checkout, 'HEAD')} in {checkout} (branch {branch}), "
-            "three-way:",
-            *where,
-            "Nothing but this patch was changed in the checkout.",
-            "To finish by hand there:",
-            "  edit the lines between <<<<<<< and >>>>>>>, then",
-            f"  git add {' '.join(files) or '<files>'} && git am --continue",
-            "  and run make pr again (it goes on from the branch).",
-            f"To give up: git am --abort && git switch {previous} && git branch -D "
-            f"{branch}",
-        ]
-    )
-
-
-def _hunks(patch: Path, name: str) -> list[str]:
-    """The ``@@`` headers of the patch's hunks in file ``name``."""
-    section = patch.read_text().partition(f"diff --git a/{name} b/{name}\n")[2]
-    section = section.split("\ndiff --git ", 1)[0]
-    return [line for line in section.splitlines() if line.startswith("@@ ")]
-
-
-def _conflict_lines(path: Path) -> str:
-    """The lines of each conflict in ``path``: ``lines 12-30`` (hunks)."""
-    spans, start = [], None
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        if line.startswith("<<<<<<<"):
-            start = number
-        elif line.startswith(">>>>>>>") and start is not None:
-            spans.append(f"{start}-{number}")
-            start = None
-    return f"conflict at lines {', '.join(spans)}" if spans else "conflict"
 
 
 def run_onto(tree: Path, commit: str, started: Started, python: Path | None) -> Onto:
@@ -746,7 +622,7 @@ def _checks_onto(checkout: Path, before: str, after: str) -> tuple[str, list[str
     in a scratch clone that shares its objects (the checkout is not touched)."""
     from forktools import download, precommit
 
-    config = _user_git(checkout, "show", f"{after}:{precommit.CONFIG}")
+    config = git_in(checkout, "show", f"{after}:{precommit.CONFIG}")
     if config.returncode != 0:
         return "none: the checkout has no .pre-commit-config.yaml", []
     key = hashlib.sha256(config.stdout.encode()).hexdigest()[:12]
@@ -777,9 +653,9 @@ def _checks_in(
         check=True,
         capture_output=True,
     )
-    before_sha = _user_git(checkout, "rev-parse", before).stdout.strip()
-    after_sha = _user_git(checkout, "rev-parse", after).stdout.strip()
-    changed = _user_git(
+    before_sha = git_in(checkout, "rev-parse", before).stdout.strip()
+    after_sha = git_in(checkout, "rev-parse", after).stdout.strip()
+    changed = git_in(
         checkout, "diff", "--name-only", "--diff-filter=d", before_sha, after_sha
     ).stdout.split()
     try:
