@@ -30,11 +30,12 @@ reads_engine := BASE SMOKE
 reads_test-tooling :=
 reads_test := BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED
 reads_pr := BASE PATCH ONTO
+reads_apply := BASE ONTO
 reads_rebase := TO PROBE PORTED
 reads_bench := BASE FIGURES CELLS
-targets := help fork export check fixes status verify read-only costs lint test test-tooling venv lock engine pr bench rebase wheel
+targets := help fork export check fixes status verify read-only costs lint test test-tooling venv lock engine pr apply bench rebase wheel
 # The targets a user of the fork runs; `make help` lists them first.
-user_targets := fixes status wheel pr
+user_targets := fixes apply status wheel pr
 unknown_goals := $(filter-out $(targets),$(MAKECMDGOALS))
 ifneq ($(unknown_goals),)
 $(error no target $(unknown_goals) in this Makefile: `make help` lists them; nothing was run)
@@ -126,6 +127,10 @@ test: ## everything CI runs: tooling tests, lint, check, verify, read-only tests
 pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body (ONTO=<your vLLM checkout>: applied there on a branch; PYTHON=: run its tests there)
 	$(if $(PATCH),,$(error make pr needs PATCH=n: the patch's number in patches/<base>/series (make status lists them)))
 	$(forktools) pr $(base_arg) --patch $(PATCH) $(if $(ONTO),--onto $(ONTO) $(if $(filter command line,$(origin PYTHON)),--python $(PYTHON)))
+
+apply: ## every fix your vLLM checkout needs, on a new branch (ONTO=<checkout>; BASE=: another base than its version's; PYTHON=: prove each there), report in apply/
+	$(if $(ONTO),,$(error make apply needs ONTO=<your vLLM git checkout>))
+	$(forktools) apply --onto $(ONTO) $(base_arg) $(if $(filter command line,$(origin PYTHON)),--python $(PYTHON))
 
 rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests; PORTED=1 records a hand port), with a report
 	$(if $(TO),,$(error make rebase needs TO=<release>: the upstream release to move to (TO=0.35.0)))

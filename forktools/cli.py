@@ -166,6 +166,14 @@ def cmd_pr(args) -> int:
     return pr.main(pins.load().get(args.base), args.patch, onto, python)
 
 
+def cmd_apply(args) -> int:
+    """Every fix your vLLM checkout needs, on a new branch, each proved there."""
+    from forktools import apply
+
+    python = Path(args.python).expanduser() if args.python else None
+    return apply.main(Path(args.onto).expanduser(), args.base, python)
+
+
 def cmd_rebase(args) -> int:
     """Carry the newest queue onto a new upstream release, with a report."""
     from forktools import rebase
@@ -343,6 +351,7 @@ COMMANDS = {
     "lint": cmd_lint,
     "bench": cmd_bench,
     "pr": cmd_pr,
+    "apply": cmd_apply,
     "rebase": cmd_rebase,
     "wheel": cmd_wheel,
     "venv": cmd_venv,
@@ -360,6 +369,7 @@ BASE_DEFAULT = {
     "status": "$VLLM_FORK_BASE, else upstream.toml's default; with --wide every base",
     "fixes": "$VLLM_FORK_BASE, else upstream.toml's default",
     "wheel": "$VLLM_FORK_BASE, else upstream.toml's default",
+    "apply": "the nearest pinned base at or below the checkout's vLLM version",
 }
 
 
@@ -428,6 +438,27 @@ def parser() -> argparse.ArgumentParser:
         "at a made-up domain (DCO needs a person's), for a fork-only patch "
         "(Upstream-Status: Inappropriate), and for a backport of a fix upstream "
         "has released (Upstream-Status: Backport)."
+    )
+    sub.choices["apply"].add_argument(
+        "--onto",
+        required=True,
+        help="your vLLM git checkout, clean: the fixes go there on a new branch "
+        "vllm-fork/fixes-<base> from its HEAD",
+    )
+    sub.choices["apply"].add_argument(
+        "--python",
+        help="the Python of an environment where that checkout is installed: "
+        "each applied fix's tests run there with it and without it",
+    )
+    sub.choices["apply"].epilog = (
+        "Reads the checkout's vLLM version from its newest release tag, else from "
+        "vllm/_version.py. Each fix of the base's queue, in series order: has it "
+        "(its release or a reverse-apply), applied (the queue's patch or another "
+        "queue's version of it, three-way), not needed (its tests pass without "
+        "it there: left off), or conflict (stops naming the file and lines; "
+        "git am --continue, then apply again, goes on). Writes "
+        "apply/<checkout>/APPLY.md; exits 1 unless every fix has it, is not "
+        "needed, or was applied and proved."
     )
     sub.choices["fixes"].epilog = (
         "One absolute path per line, in series order, for `git am "

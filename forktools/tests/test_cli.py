@@ -368,7 +368,7 @@ def test_make_refuses_a_switch_that_is_neither_on_nor_off(value):
 def test_make_help_lists_the_users_commands_first():
     made = subprocess.run(["make", "-C", str(ROOT), "-s", "help"], capture_output=True, text=True)
     listed = [line.split()[1] for line in made.stdout.splitlines() if line.startswith("  make ")]
-    users = ["fixes", "status", "wheel", "pr"]
+    users = ["fixes", "status", "wheel", "pr", "apply"]
     assert listed[: len(users)] == users and len(listed) == len(set(listed)) > 15
     assert made.stdout.index("pip install -e .") < made.stdout.index("make fixes")
 

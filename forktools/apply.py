@@ -1,0 +1,323 @@
+"""``make apply ONTO=<vLLM checkout>``: every fix that checkout needs, on a
+new branch from its HEAD.
+
+The checkout's vLLM version is read from the newest release tag on its
+history (``git describe --tags``), else from ``vllm/_version.py`` (what a
+build or an sdist leaves there); the fixes are those of the nearest pinned
+base at or below it (``BASE=`` overrides), in series order. Each ends in one
+of:
+
+- **has it**: the patch's ``Upstream-Status`` names a release at or before
+  the checkout's, or the patch reverse-applies there;
+- **applied**: ``git am --3way`` on the branch (``forktools.user_checkout``,
+  as ``make pr ONTO=``), the queue's own patch or, where it does not apply,
+  another queue's patch of the same fix (same subject or regression test
+  module); with ``python``, proved there: the fix's tests pass with it and
+  fail without it (its source reverted, its tests kept), each failure the
+  declared symptom. A fix whose tests pass without it is **not needed** on
+  this build and is taken off the branch again;
+- **conflict**: the run stops naming the file, the conflicted lines and the
+  fix; ``git am --continue``, then ``make apply`` again, goes on from the
+  branch.
+
+``apply/<checkout>/APPLY.md`` reports the checkout, its version and how it
+was read, and each fix's outcome; the command exits 1 unless every fix has
+it, is not needed, or was applied and proved.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from forktools import materialize, pins, queue, user_checkout
+from forktools.pins import Base, ForkError
+from forktools.proof import prove, symptoms
+from forktools.user_checkout import git_in
+
+HAS_IT, APPLIED, NOT_NEEDED, CONFLICT = "has it", "applied", "not needed", "conflict"
+_VERSION_FILE = re.compile(r"""version\s*=\s*['"]v?([0-9][^'"+]*)""")
+
+
+@dataclass
+class Fix:
+    """One fix of the queue and what became of it in the checkout."""
+
+    entry: queue.Entry
+    outcome: str = ""
+    how: str = ""
+    proof: str = (
+        "not proved here (give PYTHON=, an environment with the checkout installed)"
+    )
+
+    @property
+    def done(self) -> bool:
+        proved = self.outcome == APPLIED and self.proof.startswith("proved")
+        return proved or self.outcome in (HAS_IT, NOT_NEEDED)
+
+
+def checkout_version(checkout: Path) -> tuple[str, str]:
+    """The checkout's vLLM release version, and where it was read."""
+    described = git_in(
+        checkout, "describe", "--tags", "--abbrev=0", "--match", "v[0-9]*"
+    )
+    tag = described.stdout.strip()
+    if described.returncode == 0 and _is_release(tag.removeprefix("v")):
+        return tag.removeprefix("v"), f"the tag {tag} on its history"
+    version_file = checkout / "vllm" / "_version.py"
+    found = (
+        _VERSION_FILE.search(version_file.read_text())
+        if version_file.exists()
+        else None
+    )
+    if found and _is_release(found[1]):
+        return found[1], "vllm/_version.py"
+    raise ForkError(
+        f"ONTO={checkout}: cannot tell its vLLM version (no release tag v* on its "
+        "history, no vllm/_version.py): give BASE=<the pinned base it is closest to>"
+    )
+
+
+def _is_release(version: str) -> bool:
+    try:
+        pins.version_key(version)
+    except ValueError:
+        return False
+    return True
+
+
+def base_for(version: str, pinned: pins.Pins) -> Base:
+    """The newest pinned base at or below ``version``."""
+    below = [
+        base
+        for base in pinned.newest_first()
+        if pins.version_key(base.version) <= pins.version_key(version)
+    ]
+    if not below:
+        oldest = pinned.newest_first()[-1]
+        raise ForkError(
+            f"vLLM {version} is older than the oldest pinned base, {oldest.name}: "
+            "no queue is made for it"
+        )
+    return below[0]
+
+
+@dataclass
+class Target:
+    """The checkout being fixed, on its branch of the base's fixes."""
+
+    checkout: Path
+    version: str
+    base: Base
+    branch: str
+    started_from: str  # where giving up switches back to
+    on_branch: set[str]  # subjects of the fixes an earlier run applied
+
+
+def main(checkout: Path, base_name: str | None, python: Path | None) -> int:
+    user_checkout.require_checkout(checkout)
+    user_checkout.require_clean(checkout, "make apply")
+    pinned = pins.load()
+    if base_name:
+        base = pinned.get(base_name)
+        try:
+            version, read_from = checkout_version(checkout)
+        except ForkError:
+            version, read_from = base.version, f"BASE={base.name}: none of its own"
+    else:
+        version, read_from = checkout_version(checkout)
+        base = base_for(version, pinned)
+    fixes = [Fix(entry) for entry in queue.fixes(base)]
+    target = _target(checkout, version, base, {f.entry.subject(base) for f in fixes})
+    try:
+        for fix in fixes:
+            _apply(fix, target, pinned, python)
+    finally:
+        report = _report(target, read_from, fixes)
+    for fix in fixes:
+        print(f"apply: {fix.entry.name}: {fix.outcome}, {fix.how}; {fix.proof}")
+    print(f"apply: {checkout}: branch {target.branch}; report {report}")
+    return 0 if all(fix.done for fix in fixes) else 1
+
+
+def _target(checkout: Path, version: str, base: Base, subjects: set[str]) -> Target:
+    """Switch the checkout to the branch of ``base``'s fixes: a new one from
+    HEAD, or the one an earlier run left, whose tip holds the fixes it
+    applied (``subjects``)."""
+    branch = f"vllm-fork/fixes-{base.name}"
+    current = git_in(checkout, "branch", "--show-current").stdout.strip()
+    if git_in(checkout, "rev-parse", "--verify", "-q", branch).returncode != 0:
+        head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
+        git_in(checkout, "switch", "--quiet", "-c", branch, check=True)
+        return Target(checkout, version, base, branch, current or head, set())
+    if current != branch:
+        raise ForkError(
+            f"{checkout} already has a branch {branch}: switch to it to go on "
+            f"(git switch {branch}), or remove it (git branch -D {branch})"
+        )
+    log = git_in(checkout, "log", "--first-parent", "--format=%H %s", "-n", "200")
+    on_branch = set()
+    for line in log.stdout.splitlines():
+        commit, _, subject = line.partition(" ")
+        if subject not in subjects:
+            return Target(checkout, version, base, branch, commit, on_branch)
+        on_branch.add(subject)
+    raise ForkError(f"{checkout}: {branch} holds nothing but fixes; remove it")
+
+
+def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> None:
+    base, entry, checkout = target.base, fix.entry, target.checkout
+    if entry.subject(base) in target.on_branch:
+        fix.outcome, fix.how = APPLIED, "on the branch from an earlier run"
+        return
+    if held := _has_it(base, entry, target.version, checkout):
+        fix.outcome, fix.how = HAS_IT, held
+        fix.proof = "nothing to prove"
+        return
+    before = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
+    for other, patch in _versions(base, entry, pinned):
+        applied = _am(other, patch, checkout)
+        if applied.returncode == 0:
+            fix.outcome = APPLIED
+            output = applied.stdout + applied.stderr
+            fix.how = "three-way" if "3-way" in output else "clean"
+            if other is not base:
+                fix.how += f", {other.name}'s version of it ({patch.name})"
+            break
+        git_in(checkout, "am", "--abort")
+    else:
+        fix.outcome, fix.how = CONFLICT, "applies from no queue"
+        patch = base.patch_dir / entry.name
+        applied = _am(base, patch, checkout)
+        shown = f"patches/{base.name}/{entry.name}"
+        raise ForkError(
+            user_checkout.conflict(
+                shown,
+                patch,
+                checkout,
+                target.branch,
+                target.started_from,
+                applied,
+                "make apply",
+            )
+        )
+    if python is not None:
+        _prove(fix, base, checkout, before, python)
+
+
+def _has_it(base: Base, entry: queue.Entry, version: str, checkout: Path) -> str:
+    """Why the checkout already holds ``entry``'s fix, or ""."""
+    released = entry.upstream_status(base).released_in
+    if released and pins.version_key(released) <= pins.version_key(version):
+        return f"upstream's own fix, released in v{released}"
+    patch = str(base.patch_dir / entry.name)
+    source = ("--include=vllm/*", "--check", "--reverse", patch)
+    if git_in(checkout, "apply", *source).returncode == 0:
+        return "its source changes reverse-apply"
+    return ""
+
+
+def _versions(base: Base, entry: queue.Entry, pinned: pins.Pins):
+    """The fix's patch in ``base``'s queue, then in the other queues (the
+    same subject or regression test module), nearest base first."""
+    yield base, base.patch_dir / entry.name
+    subject, tests = entry.subject(base), entry.new_test_modules(base)
+    ours = pins.version_key(base.version)
+
+    def distance(other: Base) -> tuple[int, ...]:
+        theirs = pins.version_key(other.version)
+        return tuple(abs(a - b) for a, b in zip(theirs, ours, strict=True))
+
+    for other in sorted(pinned.newest_first(), key=distance)[1:]:
+        for candidate in queue.fixes(other):
+            same_tests = tests and candidate.new_test_modules(other) & tests
+            if candidate.subject(other) == subject or same_tests:
+                yield other, other.patch_dir / candidate.name
+
+
+def _am(base: Base, patch: Path, checkout: Path) -> subprocess.CompletedProcess[str]:
+    user_checkout.bring_blobs(materialize.ensure(base), patch, checkout)
+    return git_in(checkout, "am", "--3way", "--keep-non-patch", str(patch))
+
+
+def _prove(fix: Fix, base: Base, checkout: Path, before: str, python: Path) -> None:
+    """The fix's tests in the checkout with it (HEAD) and without it (its
+    source changes reverted there for the run, its tests kept), judged as
+    ``make verify`` judges a row; a fix whose tests pass without it is taken
+    off again. They run in the checkout itself: its build's files (compiled
+    extensions, ``_version.py``) are not in git."""
+    tests = prove.added_tests(checkout, "HEAD")
+    if not tests:
+        fix.proof = "not proved: the patch adds no test"
+        return
+    with_fix = _run(checkout, python, tests, "with")
+    source = git_in(checkout, "diff", "HEAD~1", "HEAD", "--", "vllm").stdout
+    reverted = subprocess.run(
+        ["git", "-C", str(checkout), "apply", "--reverse"],
+        input=source,
+        capture_output=True,
+        text=True,
+    )
+    try:
+        if reverted.returncode != 0:
+            raise ForkError(
+                f"could not revert the fix in {checkout}: {reverted.stderr}"
+            )
+        without = _run(checkout, python, tests, "without")
+    finally:
+        git_in(checkout, "checkout", "--quiet", "HEAD", "--", "vllm", check=True)
+    problems = symptoms.problems(without, symptoms.load(base))
+    if with_fix.failed or with_fix.errors:
+        fix.proof = f"NOT proved: with it, {with_fix.failed} of {with_fix.total} failed"
+    elif not without.failed and not without.errors:
+        git_in(checkout, "reset", "--quiet", "--hard", before, check=True)
+        fix.outcome, fix.how = NOT_NEEDED, "its tests pass without it here"
+        fix.proof = f"{without.passed}/{without.total} passed without it; left off"
+    elif problems or without.errors:
+        fix.proof = "NOT proved: without it, " + "; ".join(problems + without.errors)
+    else:
+        fix.proof = (
+            f"proved: {with_fix.passed}/{with_fix.total} passed with it, "
+            f"{without.failed}/{without.total} failed without it, as declared"
+        )
+
+
+def _run(checkout: Path, python: Path, tests: list[str], half: str) -> prove.Outcome:
+    with tempfile.TemporaryDirectory() as tmp:
+        plugin = Path(tmp)
+        report_plugin = prove.HARNESS / "vllm_fork_report.py"
+        (plugin / report_plugin.name).write_bytes(report_plugin.read_bytes())
+        print(f"apply: {half} the fix: {len(tests)} test(s)", file=sys.stderr)
+        return prove.run_tests(
+            python, checkout, tests, label=f"apply {half}", harness=plugin
+        )
+
+
+def _report(target: Target, read_from: str, fixes: list[Fix]) -> Path:
+    checkout, base = target.checkout, target.base
+    head = user_checkout.describe(checkout, "HEAD")
+    rows = [
+        f"| {fix.entry.name} | {fix.outcome or 'not reached'} | {fix.how} | "
+        f"{fix.proof} |"
+        for fix in fixes
+    ]
+    lines = [
+        f"# The fixes of {base.name} on {checkout}",
+        "",
+        f"- checkout: `{head}`, vLLM {target.version} (read from {read_from})",
+        f"- branch: `{target.branch}`, the fixes of the {base.name} queue in "
+        "series order",
+        "",
+        "| fix | outcome | how | its tests there |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    report = pins.ROOT / "apply" / checkout.resolve().name / "APPLY.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("\n".join(lines))
+    return report
