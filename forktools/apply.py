@@ -50,9 +50,7 @@ class Fix:
     entry: queue.Entry
     outcome: str = ""
     how: str = ""
-    proof: str = (
-        "not proved here (give PYTHON=, an environment with the checkout installed)"
-    )
+    proof: str = "-"
 
     @property
     def done(self) -> bool:
@@ -115,7 +113,7 @@ class Target:
     base: Base
     branch: str
     started_from: str  # where giving up switches back to
-    on_branch: set[str]  # subjects of the fixes an earlier run applied
+    on_branch: dict[str, str]  # an earlier run's fixes: subject -> commit
 
 
 def main(checkout: Path, base_name: str | None, python: Path | None) -> int:
@@ -153,32 +151,31 @@ def _target(checkout: Path, version: str, base: Base, subjects: set[str]) -> Tar
     if git_in(checkout, "rev-parse", "--verify", "-q", branch).returncode != 0:
         head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
         git_in(checkout, "switch", "--quiet", "-c", branch, check=True)
-        return Target(checkout, version, base, branch, current or head, set())
+        return Target(checkout, version, base, branch, current or head, {})
     if current != branch:
         raise ForkError(
             f"{checkout} already has a branch {branch}: switch to it to go on "
             f"(git switch {branch}), or remove it (git branch -D {branch})"
         )
     log = git_in(checkout, "log", "--first-parent", "--format=%H %s", "-n", "200")
-    on_branch = set()
+    on_branch = {}
     for line in log.stdout.splitlines():
         commit, _, subject = line.partition(" ")
         if subject not in subjects:
             return Target(checkout, version, base, branch, commit, on_branch)
-        on_branch.add(subject)
+        on_branch[subject] = commit
     raise ForkError(f"{checkout}: {branch} holds nothing but fixes; remove it")
 
 
 def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> None:
     base, entry, checkout = target.base, fix.entry, target.checkout
-    if entry.subject(base) in target.on_branch:
+    if earlier := target.on_branch.get(entry.subject(base)):
         fix.outcome, fix.how = APPLIED, "on the branch from an earlier run"
+        _prove_if(fix, base, checkout, earlier, python)
         return
     if held := _has_it(base, entry, target.version, checkout):
         fix.outcome, fix.how = HAS_IT, held
-        fix.proof = "nothing to prove"
         return
-    before = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
     for other, patch in _versions(base, entry, pinned):
         applied = _am(other, patch, checkout)
         if applied.returncode == 0:
@@ -194,19 +191,41 @@ def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> 
         patch = base.patch_dir / entry.name
         applied = _am(base, patch, checkout)
         shown = f"patches/{base.name}/{entry.name}"
-        raise ForkError(
-            user_checkout.conflict(
-                shown,
-                patch,
-                checkout,
-                target.branch,
-                target.started_from,
-                applied,
-                "make apply",
-            )
+        stopped = user_checkout.conflict(
+            shown,
+            patch,
+            checkout,
+            target.branch,
+            target.started_from,
+            applied,
+            "make apply",
         )
-    if python is not None:
-        _prove(fix, base, checkout, before, python)
+        raise ForkError(f"{stopped}\n{_why_conflict(base, entry, target.version)}")
+    head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
+    _prove_if(fix, base, checkout, head, python)
+
+
+def _prove_if(
+    fix: Fix, base: Base, checkout: Path, commit: str, python: Path | None
+) -> None:
+    if python is None:
+        fix.proof = (
+            "not proved here (PYTHON=: an environment with the checkout installed)"
+        )
+    else:
+        _prove(fix, base, checkout, commit, python)
+
+
+def _why_conflict(base: Base, entry: queue.Entry, version: str) -> str:
+    """Whether the bug is gone or the code moved, as far as the patch's
+    Upstream-Status tells."""
+    released = entry.upstream_status(base).released_in
+    upstream = f"upstream fixed it in v{released}" if released else "upstream lacks it"
+    return (
+        f"vLLM {version} has the bug ({upstream}, its source changes do not "
+        "reverse-apply) and no queue's version of the fix applies: the code "
+        "moved, the fix needs a port for this release."
+    )
 
 
 def _has_it(base: Base, entry: queue.Entry, version: str, checkout: Path) -> str:
@@ -244,29 +263,29 @@ def _am(base: Base, patch: Path, checkout: Path) -> subprocess.CompletedProcess[
     return git_in(checkout, "am", "--3way", "--keep-non-patch", str(patch))
 
 
-def _prove(fix: Fix, base: Base, checkout: Path, before: str, python: Path) -> None:
-    """The fix's tests in the checkout with it (HEAD) and without it (its
-    source changes reverted there for the run, its tests kept), judged as
-    ``make verify`` judges a row; a fix whose tests pass without it is taken
-    off again. They run in the checkout itself: its build's files (compiled
-    extensions, ``_version.py``) are not in git."""
-    tests = prove.added_tests(checkout, "HEAD")
+def _prove(fix: Fix, base: Base, checkout: Path, commit: str, python: Path) -> None:
+    """The tests of the fix ``commit`` in the checkout with it (HEAD) and
+    without it (its source changes reverted there for the run, its tests
+    kept), judged as ``make verify`` judges a row; a fix at the tip whose
+    tests pass without it is taken off again. They run in the checkout
+    itself: its build's files (compiled extensions, ``_version.py``) are not
+    in git."""
+    tests = prove.added_tests(checkout, commit)
     if not tests:
         fix.proof = "not proved: the patch adds no test"
         return
     with_fix = _run(checkout, python, tests, "with")
-    source = git_in(checkout, "diff", "HEAD~1", "HEAD", "--", "vllm").stdout
+    source = git_in(checkout, "diff", f"{commit}~1", commit, "--", "vllm").stdout
     reverted = subprocess.run(
         ["git", "-C", str(checkout), "apply", "--reverse"],
         input=source,
         capture_output=True,
         text=True,
     )
+    if reverted.returncode != 0:
+        fix.proof = "NOT proved: its source changes do not revert at HEAD"
+        return
     try:
-        if reverted.returncode != 0:
-            raise ForkError(
-                f"could not revert the fix in {checkout}: {reverted.stderr}"
-            )
         without = _run(checkout, python, tests, "without")
     finally:
         git_in(checkout, "checkout", "--quiet", "HEAD", "--", "vllm", check=True)
@@ -274,9 +293,9 @@ def _prove(fix: Fix, base: Base, checkout: Path, before: str, python: Path) -> N
     if with_fix.failed or with_fix.errors:
         fix.proof = f"NOT proved: with it, {with_fix.failed} of {with_fix.total} failed"
     elif not without.failed and not without.errors:
-        git_in(checkout, "reset", "--quiet", "--hard", before, check=True)
         fix.outcome, fix.how = NOT_NEEDED, "its tests pass without it here"
-        fix.proof = f"{without.passed}/{without.total} passed without it; left off"
+        left = _take_off(checkout, commit)
+        fix.proof = f"{without.passed}/{without.total} passed without it; {left}"
     elif problems or without.errors:
         fix.proof = "NOT proved: without it, " + "; ".join(problems + without.errors)
     else:
@@ -284,6 +303,14 @@ def _prove(fix: Fix, base: Base, checkout: Path, before: str, python: Path) -> N
             f"proved: {with_fix.passed}/{with_fix.total} passed with it, "
             f"{without.failed}/{without.total} failed without it, as declared"
         )
+
+
+def _take_off(checkout: Path, commit: str) -> str:
+    """Take the fix ``commit`` off the branch where it is the tip."""
+    if git_in(checkout, "rev-parse", "HEAD").stdout.strip() != commit:
+        return f"left on the branch (git rebase --onto {commit[:12]}~1 {commit[:12]})"
+    git_in(checkout, "reset", "--quiet", "--hard", f"{commit}~1", check=True)
+    return "left off"
 
 
 def _run(checkout: Path, python: Path, tests: list[str], half: str) -> prove.Outcome:
