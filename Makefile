@@ -31,9 +31,10 @@ reads_test-tooling :=
 reads_test := BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED
 reads_pr := BASE PATCH ONTO
 reads_apply := BASE ONTO
+reads_releases :=
 reads_rebase := TO PROBE PORTED
 reads_bench := BASE FIGURES CELLS
-targets := help fork export check fixes status verify read-only costs lint test test-tooling venv lock engine pr apply bench rebase wheel
+targets := help fork export check fixes status verify read-only costs lint test test-tooling venv lock engine pr apply releases bench rebase wheel
 # The targets a user of the fork runs; `make help` lists them first.
 user_targets := fixes apply status wheel pr
 unknown_goals := $(filter-out $(targets),$(MAKECMDGOALS))
@@ -131,6 +132,9 @@ pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body (ONT
 apply: ## every fix your vLLM checkout needs, on a new branch (ONTO=<checkout>; BASE=: another base than its version's; PYTHON=: prove each there), report in apply/
 	$(if $(ONTO),,$(error make apply needs ONTO=<your vLLM git checkout>))
 	$(forktools) apply --onto $(ONTO) $(base_arg) $(if $(filter command line,$(origin PYTHON)),--python $(PYTHON))
+
+releases: ## every release from the oldest pin to the newest against every fix, as make apply takes it, into docs/releases.md (downloads each release's sdist once, 30 to 50 MB)
+	$(forktools) releases
 
 rebase: ## carry the newest queue onto release TO (e.g. TO=0.34.0; PROBE=1 runs tests; PORTED=1 records a hand port), with a report
 	$(if $(TO),,$(error make rebase needs TO=<release>: the upstream release to move to (TO=0.35.0)))

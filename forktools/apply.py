@@ -216,6 +216,30 @@ def _prove_if(
         _prove(fix, base, checkout, commit, python)
 
 
+def try_alone(
+    checkout: Path, base: Base, entry: queue.Entry, version: str, pinned: pins.Pins
+) -> str:
+    """What ``make apply`` makes of ``entry`` alone on the clean ``checkout``
+    of vLLM ``version``, which is left as it was: "has it (...)", "applies",
+    "applies as <base>'s", "no code" (none of the files it fixes is there)
+    or "port needed"."""
+    sources = [name for name in entry.changed_files(base) if name.startswith("vllm/")]
+    if held := _has_it(base, entry, version, checkout):
+        released = entry.upstream_status(base).released_in
+        return f"{HAS_IT} (v{released})" if "released" in held else f"{HAS_IT} (code)"
+    if not any((checkout / name).exists() for name in sources):
+        return "no code"
+    head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
+    for other, patch in _versions(base, entry, pinned):
+        applied = _am(other, patch, checkout).returncode == 0
+        if not applied:
+            git_in(checkout, "am", "--abort")
+        git_in(checkout, "reset", "--quiet", "--hard", head, check=True)
+        if applied:
+            return "applies" if other is base else f"applies as {other.name}'s"
+    return "port needed"
+
+
 def _why_conflict(base: Base, entry: queue.Entry, version: str) -> str:
     """Whether the bug is gone or the code moved, as far as the patch's
     Upstream-Status tells."""
@@ -241,10 +265,9 @@ def _has_it(base: Base, entry: queue.Entry, version: str, checkout: Path) -> str
 
 
 def _versions(base: Base, entry: queue.Entry, pinned: pins.Pins):
-    """The fix's patch in ``base``'s queue, then in the other queues (the
-    same subject or regression test module), nearest base first."""
+    """The fix's patch in ``base``'s queue, then its versions in the other
+    queues (``same_fix``), nearest base first."""
     yield base, base.patch_dir / entry.name
-    subject, tests = entry.subject(base), entry.new_test_modules(base)
     ours = pins.version_key(base.version)
 
     def distance(other: Base) -> tuple[int, ...]:
@@ -253,9 +276,19 @@ def _versions(base: Base, entry: queue.Entry, pinned: pins.Pins):
 
     for other in sorted(pinned.newest_first(), key=distance)[1:]:
         for candidate in queue.fixes(other):
-            same_tests = tests and candidate.new_test_modules(other) & tests
-            if candidate.subject(other) == subject or same_tests:
+            if same_fix(base, entry, other, candidate):
                 yield other, other.patch_dir / candidate.name
+
+
+def same_fix(
+    base: Base, entry: queue.Entry, other: Base, candidate: queue.Entry
+) -> bool:
+    """Whether ``candidate`` of ``other``'s queue is a version of ``entry``
+    of ``base``'s: the same subject, or a regression test module in common
+    (a fix written again for newer code)."""
+    if candidate.subject(other) == entry.subject(base):
+        return True
+    return bool(entry.new_test_modules(base) & candidate.new_test_modules(other))
 
 
 def _am(base: Base, patch: Path, checkout: Path) -> subprocess.CompletedProcess[str]:

@@ -174,6 +174,13 @@ def cmd_apply(args) -> int:
     return apply.main(Path(args.onto).expanduser(), args.base, python)
 
 
+def cmd_releases(args) -> int:
+    """Every release from the oldest pin to the newest, against every fix."""
+    from forktools import releases
+
+    return releases.main()
+
+
 def cmd_rebase(args) -> int:
     """Carry the newest queue onto a new upstream release, with a report."""
     from forktools import rebase
@@ -352,6 +359,7 @@ COMMANDS = {
     "bench": cmd_bench,
     "pr": cmd_pr,
     "apply": cmd_apply,
+    "releases": cmd_releases,
     "rebase": cmd_rebase,
     "wheel": cmd_wheel,
     "venv": cmd_venv,
@@ -406,7 +414,7 @@ def parser() -> argparse.ArgumentParser:
     for name, func in COMMANDS.items():
         summary = func.__doc__.splitlines()[0]
         command = sub.add_parser(name, help=summary, description=summary)
-        if name not in ("rebase", "test-tooling"):
+        if name not in ("rebase", "releases", "test-tooling"):
             default = BASE_DEFAULT.get(name, "every base")
             command.add_argument(
                 "--base", help=f"a base pinned in upstream.toml (default: {default})"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from forktools import apply, cli, export, materialize, pins
+from forktools import apply, cli, export, materialize, pins, queue, releases
 from forktools.pins import ForkError
 
 from .conftest import CORE, VERSION, git
@@ -216,3 +216,56 @@ def test_another_queues_version_of_a_fix_is_taken_where_the_bases_does_not_apply
     assert f"| {fixes[1]} | applied | clean | proved: " in report
     assert "vLLM 9.9.9 (read from BASE=v9.9.9: none of its own)" in report
     assert "value = 33" in (checkout / "vllm/core.py").read_text()
+
+
+def test_each_fix_alone_on_a_release_as_the_release_table_shows_it(
+    project, fixes, tmp_path
+):
+    pinned = pins.load()
+    entries = queue.fixes(project.base)
+    plain = _checkout(project, tmp_path / "plain")
+    fixed = _checkout(
+        project,
+        tmp_path / "fixed",
+        lambda core: core.replace("return 3\n", "return 33\n"),
+    )
+    moved = _checkout(project, tmp_path / "moved", lambda core: "")
+    git(moved, "rm", "-q", "vllm/core.py")
+    git(moved, "commit", "-qm", "core.py moved away")
+    competing = _checkout(
+        project,
+        tmp_path / "competing",
+        lambda core: core.replace("return 3\n", "return 300\n"),
+    )
+    cells = {
+        name: apply.try_alone(checkout, project.base, entries[0], VERSION, pinned)
+        for name, checkout in [
+            ("plain", plain),
+            ("fixed", fixed),
+            ("moved", moved),
+            ("competing", competing),
+        ]
+    }
+    assert cells == {
+        "plain": "applies",
+        "fixed": "has it (code)",
+        "moved": "no code",
+        "competing": "port needed",
+    }
+    for checkout in (plain, competing):  # left as it was
+        assert git(checkout, "log", "-1", "--format=%s").strip() == "Our own change"
+        assert git(checkout, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_the_release_table_takes_the_latest_patch_of_each_minor_in_the_pinned_range(
+    project, monkeypatch
+):
+    name = _pin_newer(project, "9.11.0", CORE)
+    assert name == "v9.11.0"
+    offered = ["9.9.8", "9.9.9", "9.10.0", "9.10.2", "9.10.3rc1", "9.11.0", "9.12.0"]
+    offered += ["9.10.1.dev4", "9.10.1.post1"]
+    candidates = [type("Candidate", (), {"version": v})() for v in offered]
+    monkeypatch.setattr(
+        releases.download, "_pip_candidates", lambda project: candidates
+    )
+    assert releases.releases(pins.load()) == ["9.9.9", "9.10.2", "9.11.0"]
