@@ -176,16 +176,14 @@ def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> 
     if held := _has_it(base, entry, target.version, checkout):
         fix.outcome, fix.how = HAS_IT, held
         return
-    for other, patch in _versions(base, entry, pinned):
-        applied = _am(other, patch, checkout)
-        if applied.returncode == 0:
-            fix.outcome = APPLIED
-            output = applied.stdout + applied.stderr
-            fix.how = "three-way" if "3-way" in output else "clean"
-            if other is not base:
-                fix.how += f", {other.name}'s version of it ({patch.name})"
-            break
-        git_in(checkout, "am", "--abort")
+    taken = _first_applying(base, entry, pinned, checkout)
+    if taken:
+        other, patch, applied = taken
+        fix.outcome = APPLIED
+        output = applied.stdout + applied.stderr
+        fix.how = "three-way" if "3-way" in output else "clean"
+        if other is not base:
+            fix.how += f", {other.name}'s version of it ({patch.name})"
     else:
         fix.outcome, fix.how = CONFLICT, "applies from no queue"
         patch = base.patch_dir / entry.name
@@ -202,7 +200,20 @@ def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> 
         )
         raise ForkError(f"{stopped}\n{_why_conflict(base, entry, target.version)}")
     head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
-    _prove_if(fix, base, checkout, head, python)
+    _prove_if(fix, other, checkout, head, python)
+
+
+def _first_applying(
+    base: Base, entry: queue.Entry, pinned: pins.Pins, checkout: Path
+) -> tuple[Base, Path, subprocess.CompletedProcess[str]] | None:
+    """The first version of the fix (``_versions``) that applies onto the
+    checkout, committed there; None, the checkout as it was, if none does."""
+    for other, patch in _versions(base, entry, pinned):
+        applied = _am(other, patch, checkout)
+        if applied.returncode == 0:
+            return other, patch, applied
+        git_in(checkout, "am", "--abort")
+    return None
 
 
 def _prove_if(
@@ -230,14 +241,12 @@ def try_alone(
     if not any((checkout / name).exists() for name in sources):
         return "no code"
     head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
-    for other, patch in _versions(base, entry, pinned):
-        applied = _am(other, patch, checkout).returncode == 0
-        if not applied:
-            git_in(checkout, "am", "--abort")
-        git_in(checkout, "reset", "--quiet", "--hard", head, check=True)
-        if applied:
-            return "applies" if other is base else f"applies as {other.name}'s"
-    return "port needed"
+    taken = _first_applying(base, entry, pinned, checkout)
+    if not taken:
+        return "port needed"
+    git_in(checkout, "reset", "--quiet", "--hard", head, check=True)
+    other = taken[0]
+    return "applies" if other is base else f"applies as {other.name}'s"
 
 
 def _why_conflict(base: Base, entry: queue.Entry, version: str) -> str:

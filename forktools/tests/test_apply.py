@@ -202,6 +202,7 @@ def test_another_queues_version_of_a_fix_is_taken_where_the_bases_does_not_apply
     subject = git(project.tree, "log", "--format=%B", "-n", "1", "HEAD~1")
     git(tree, "commit", "-q", "-s", "-m", subject)
     [ported] = export.export(newer)
+    (newer.patch_dir / "symptoms.toml").write_text(SYMPTOMS)  # judged by its own
     # An internal build of newer code, told to take the v9.9.9 queue.
     checkout = tmp_path / "vllm"
     pristine = materialize.pristine(newer)
