@@ -98,7 +98,7 @@ verify: ## each commit: its tests pass with it, fail without it, kept in patches
 	$(if $(and $(PATCH),$(if $(call on,$(HUNKS)),,no)),$(error PATCH=$(PATCH) goes with HUNKS=1 (make verify HUNKS=1 PATCH=n); verify also reads BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED))
 	$(forktools) verify $(base_arg) $(jobs_arg) $(proof_args) $(if $(call on,$(HUNKS)),--hunks $(if $(PATCH),--patch $(PATCH)))
 
-read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip; kept in patches/<base>/read_only.json and reused while its key holds (FRESH=1: run again)
+read-only: ## the queue's read-only cache tests again with every capability dropped (file modes, as unprivileged; verify ran them as you, as root with a bind mount); fails on a skip; in a clean checkout; kept in patches/<base>/read_only.json and reused while its key holds, but in its turn of the audit's rotation (FRESH=1: run again)
 	$(forktools) read-only $(base_arg) $(if $(call on,$(FRESH)),--fresh)
 
 costs: ## where the proof's test-seconds go: per base and test file, with and without the fix, and the costliest cases, from the ledgers (runs no test); the audit's rotation slots and the next ten commits' turns
@@ -119,7 +119,7 @@ venv: ## build the per-base test environments from their locks (cached)
 engine: ## build the CPU engine environments (cached; SMOKE=1 runs the engine on the fork tree)
 	$(forktools) engine-env $(base_arg) $(if $(call on,$(SMOKE)),--smoke)
 
-test-tooling: ## the tooling's own tests (about a minute on 2 CPUs; the first run installs pytest-xdist into the cache)
+test-tooling: ## the tooling's own tests (about two minutes on 2 CPUs; the first run installs pytest-xdist into the cache)
 	$(forktools) test-tooling
 
 test: ## everything CI runs: tooling tests, lint, check, verify, read-only tests
