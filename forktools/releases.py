@@ -21,7 +21,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from forktools import apply, download, git, pins, queue
+from forktools import apply, download, git, locks, pins, queue
 from forktools.pins import Base
 
 PAGE = "docs/releases.md"
@@ -49,25 +49,31 @@ def releases(pinned: pins.Pins) -> list[str]:
 
 
 def checkout_of(version: str) -> Path:
-    """A git checkout of the release's sdist, one commit, in the cache."""
+    """A git checkout of the release's sdist, one commit, in the cache;
+    unpacked once, one run at a time."""
     path = download.cache_dir() / "releases" / f"vllm-{version}"
-    if (path / ".git").exists():
-        return path
+    with locks.held(download.lock_file(f"release-{version}"), f"to unpack {version}"):
+        if not (path / ".git").exists():
+            _unpack(version, path)
+    return path
+
+
+def _unpack(version: str, path: Path) -> None:
     [sdist] = [
         o for o in download.offers("vllm", version) if o.file.endswith(".tar.gz")
     ]
     archive = download.fetch_offer(sdist)
-    scratch = path.with_name(f"{path.name}.partial")
-    shutil.rmtree(scratch, ignore_errors=True)
+    extract = path.with_name(f"{path.name}.extract")
+    for leftover in (extract, path):
+        shutil.rmtree(leftover, ignore_errors=True)
     with tarfile.open(archive) as tar:
-        tar.extractall(scratch.parent / f"{path.name}.extract", filter="data")
-    (scratch.parent / f"{path.name}.extract" / f"vllm-{version}").rename(scratch)
-    shutil.rmtree(scratch.parent / f"{path.name}.extract")
-    git.run(scratch, "init", "--quiet")
-    git.run(scratch, "add", "--all")
-    git.run(scratch, "commit", "--quiet", "-m", f"vLLM {version} (sdist)")
-    scratch.rename(path)
-    return path
+        tar.extractall(extract, filter="data")
+    unpacked = extract / f"vllm-{version}"
+    git.run(unpacked, "init", "--quiet")
+    git.run(unpacked, "add", "--all")
+    git.run(unpacked, "commit", "--quiet", "-m", f"vLLM {version} (sdist)")
+    unpacked.rename(path)
+    shutil.rmtree(extract)
 
 
 def row(
