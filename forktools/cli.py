@@ -137,6 +137,7 @@ def cmd_read_only(args) -> int:
         fresh=getattr(args, "fresh", False),
         seed=getattr(args, "audit_seed", None),
         audit_minutes=getattr(args, "audit_minutes", AUDIT_MINUTES),
+        jobs=getattr(args, "jobs", None),
     )
 
 

@@ -98,19 +98,21 @@ def main(
     fresh: bool = False,
     seed: int | None = None,
     audit_minutes: float = verify.AUDIT_MINUTES,
+    jobs: int | None = None,
 ) -> int:
     """Each base's read-only tests, a job of the proof's one scheduler each,
     in a clean checkout of its tree. A base whose record's key holds is
     reused unless ``fresh``, or unless this turn's slot of the audit's
-    rotation (``seed``, default the commit count) holds it: a record is a
-    row named ``<base>/read-only`` of ``make verify``'s rotation."""
+    rotation (``seed``, default the commit count; slots sized as ``make
+    verify`` sizes them on ``jobs`` CPUs) holds it: a record is a row named
+    ``<base>/read-only`` of ``make verify``'s rotation."""
     if shutil.which(DROP_CAPABILITIES[0]) is None:
         raise ForkError(
             "the read-only tests without capabilities need setpriv (util-linux): "
             "`apt-get install util-linux`"
         )
     turn = seed if seed is not None else verify.commit_count()
-    slots = _slots(bases, audit_minutes)
+    slots = verify.slot_count(bases, audit_minutes, jobs or 0)
     runs = []
     for base in bases:
         tree = materialize.ensure(base)
@@ -144,14 +146,6 @@ def main(
             ]
         )
     return 1 if any(failed) else 0
-
-
-def _slots(bases: list[Base], minutes: float) -> int:
-    """The rotation's number of slots, from the ledgers' test-seconds."""
-    rows = [proof for base in bases for proof in ledger.load(base).proofs.values()]
-    total = sum(proof.seconds + proof.with_fix_seconds for proof in rows)
-    budget = minutes * 60 * schedule.default_jobs()
-    return verify.audit_slots(total, budget) if budget > 0 else 0
 
 
 def _in_turn(base: Base, turn: int, slots: int) -> bool:

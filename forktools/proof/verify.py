@@ -356,7 +356,7 @@ def rotation(
     """The audit's rotation slots as a run of this tree would cut them: each
     slot's rows and its estimated minutes on ``workers`` CPUs."""
     workers = workers or schedule.default_jobs()
-    runs = [prepare(base, fresh=False) for base in bases if queue.entries(base)]
+    runs = _prepared(bases)
     named = _reused_by_name(runs)
     if not named:
         return []
@@ -368,6 +368,18 @@ def rotation(
         ([_name(runs, p) for p in slot], sum(_cost(p) for p in slot) / 60 / workers)
         for slot in rows
     ]
+
+
+def slot_count(bases: list[Base], minutes: float, workers: int = 0) -> int:
+    """The rotation's number of slots as a run of this tree sizes it, for
+    rows outside the ledgers (``make read-only``'s records); 0 with no
+    budget."""
+    budget = minutes * 60 * (workers or schedule.default_jobs())
+    return _slots(_prepared(bases), budget) if budget > 0 else 0
+
+
+def _prepared(bases: list[Base]) -> list[BaseRun]:
+    return [prepare(base, fresh=False) for base in bases if queue.entries(base)]
 
 
 def commit_count() -> int:

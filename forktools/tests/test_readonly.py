@@ -111,7 +111,7 @@ def test_a_record_is_audited_in_its_turn_of_the_rotation_in_a_clean_checkout(
     monkeypatch.setattr(readonly.venv, "ensure", lambda base: sys.executable)
     monkeypatch.setattr(readonly.venv, "environments", lambda base: {"test": ["a==1"]})
     monkeypatch.setattr(readonly.shutil, "which", lambda name: "/usr/bin/setpriv")
-    monkeypatch.setattr(readonly, "_slots", lambda bases, minutes: 4)
+    monkeypatch.setattr(readonly.verify, "slot_count", lambda *sized: 4)
     base = project.base
     assert readonly.main([base], seed=0) == 0
     [(tree, stray)] = seen
