@@ -12,8 +12,8 @@ from setuptools import find_packages, setup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forktools import materialize, pins  # noqa: E402
-from forktools.pins import ForkError  # noqa: E402
+from forktools.queue import materialize, pins  # noqa: E402
+from forktools.queue.pins import ForkError  # noqa: E402
 
 try:
     base = pins.load().get()

@@ -7,8 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from forktools import check, export, materialize, pins
-from forktools.pins import ForkError
+from forktools.queue import check, export, materialize, pins
+from forktools.queue.pins import ForkError
 
 
 def _bases(args) -> list[pins.Base]:
@@ -83,17 +83,17 @@ def _stale(base, proving: bool) -> list[str]:
 
 def cmd_fixes(args) -> int:
     """The queue's patches that change vllm/, in order: the paths to git am."""
-    from forktools import queue
+    from forktools.queue import series
 
     base = pins.load().get(args.base)
-    for entry in queue.fixes(base):
+    for entry in series.fixes(base):
         print(base.patch_dir / entry.name)
     return 0
 
 
 def cmd_status(args) -> int:
     """A queue's patches: fix or test, upstream status, which newer releases hold it."""
-    from forktools import status
+    from forktools.queue import status
 
     bases = _bases(args) if args.wide else [pins.load().get(args.base)]
     return status.main(bases, fetch=args.fetch, wide=args.wide)
@@ -121,7 +121,7 @@ def cmd_verify(args) -> int:
 
 def cmd_lint(args) -> int:
     """Upstream's CI checks (ruff, typos, mypy, hooks) on every queue; sign-offs."""
-    from forktools import lint
+    from forktools.shipping import lint
 
     return lint.main(_bases(args))
 
@@ -150,7 +150,7 @@ def cmd_costs(args) -> int:
 
 def cmd_bench(args) -> int:
     """Fork vs pristine costs, written to BENCHMARKS.md."""
-    from forktools import bench
+    from forktools.engine import bench
 
     names = args.figures.split(",") if args.figures else None
     return bench.main(_bases(args), names)
@@ -158,7 +158,7 @@ def cmd_bench(args) -> int:
 
 def cmd_pr(args) -> int:
     """One patch for upstream: signed off by you, on the pristine release, PR body."""
-    from forktools import pr
+    from forktools.shipping import pr
 
     onto = Path(args.onto).expanduser() if args.onto else None
     if args.python and not onto:
@@ -169,7 +169,7 @@ def cmd_pr(args) -> int:
 
 def cmd_apply(args) -> int:
     """Every fix your vLLM checkout needs, on a new branch, each proved there."""
-    from forktools import apply
+    from forktools.shipping import apply
 
     python = Path(args.python).expanduser() if args.python else None
     return apply.main(Path(args.onto).expanduser(), args.base, python)
@@ -177,14 +177,14 @@ def cmd_apply(args) -> int:
 
 def cmd_releases(args) -> int:
     """Every release from the oldest pin to the newest, against every fix."""
-    from forktools import releases
+    from forktools.shipping import releases
 
     return releases.main()
 
 
 def cmd_rebase(args) -> int:
     """Carry the newest queue onto a new upstream release, with a report."""
-    from forktools import rebase
+    from forktools.queue import rebase
 
     report = rebase.rebase(args.to, probe_tests=args.probe_tests, ported=args.ported)
     print(report.read_text())
@@ -195,7 +195,7 @@ def cmd_wheel(args) -> int:
     """Build the fork wheel: the pinned upstream wheel with the queue in place."""
     import time
 
-    from forktools import wheel
+    from forktools.shipping import wheel
 
     base = pins.load().get(args.base)
     artifacts = base.wheels if args.all_platforms else [base.wheel_for_this_machine()]
@@ -225,7 +225,7 @@ def cmd_wheel(args) -> int:
 
 def cmd_venv(args) -> int:
     """Build (if needed) and print each base's test environment."""
-    from forktools import venv
+    from forktools.environments import venv
 
     for base in _bases(args):
         print(venv.ensure(base))
@@ -234,23 +234,23 @@ def cmd_venv(args) -> int:
 
 def cmd_lock(args) -> int:
     """Write each environment's lock from the package index, printing each move."""
-    from forktools import relock
+    from forktools.environments import relock
 
     return relock.main(_bases(args), from_ledger=args.from_ledger)
 
 
 def cmd_engine_env(args) -> int:
     """Build (if needed) and print each base's CPU engine environment."""
-    from forktools import venv
+    from forktools.environments import venv
 
     for base in _bases(args):
         python = venv.ensure_engine(base)
         print(f"{base.name}: {python or 'no engine pinned in upstream.toml'}")
         if python and args.smoke:
-            from forktools import engine
+            from forktools.engine import llm
 
             tree = Path(args.tree) if args.tree else None
-            for line in engine.smoke(base, tree, keep=args.keep):
+            for line in llm.smoke(base, tree, keep=args.keep):
                 print(f"  {line}")
     return 0
 
@@ -260,7 +260,7 @@ def _environments(bases: list[pins.Base]) -> list[Path]:
     install keeps about one core busy); the bases' test Pythons."""
     import concurrent.futures
 
-    from forktools import venv
+    from forktools.environments import venv
     from forktools.proof import schedule
 
     def test_environment(base: pins.Base) -> Path:
@@ -291,8 +291,8 @@ def _tooling_tests(python: str) -> int:
     pytest-xdist (installed once into the cache), else in one process."""
     import subprocess
 
-    from forktools import tools
-    from forktools.pins import ROOT
+    from forktools.environments import tools
+    from forktools.queue.pins import ROOT
 
     command = [python, "-m", "pytest", "-q", "forktools/tests"]
     # The host's pytest plugins (pytest-benchmark, ...) are not the tooling's.

@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from forktools.pins import Base, ForkError
+from forktools.queue.pins import Base, ForkError
 
 COMMANDS = ("verify", "hunks", "read-only", "costs")
 

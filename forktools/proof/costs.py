@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from forktools.pins import Base
 from forktools.proof import ledger, schedule
-from forktools.table import render
+from forktools.queue.pins import Base
+from forktools.queue.table import render
 
 CASES_SHOWN = 3
 

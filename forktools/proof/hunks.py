@@ -15,11 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools import git, materialize, queue, venv
-from forktools.pins import Base, ForkError
+from forktools.environments import venv
 from forktools.proof import ledger, prove, schedule
 from forktools.proof.prove import Outcome
-from forktools.table import render
+from forktools.queue import git, materialize, series
+from forktools.queue.pins import Base, ForkError
+from forktools.queue.table import render
 
 _HUNK_HEADER = re.compile(
     r"^@@ -\d+(?:,\d+)? \+(?P<line>\d+)(?:,\d+)? @@ ?(?P<scope>.*)$"
@@ -112,7 +113,7 @@ def main(bases: list[Base], patch: int | None = None) -> int:
         materialize.refuse_if_unexported(tree, f"verify the hunks of {base.name}")
         python, engine = venv.ensure(base), venv.ensure_engine(base)
         commits = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
-        entries = list(zip(queue.entries(base), commits, strict=True))
+        entries = list(zip(series.entries(base), commits, strict=True))
         if patch is not None:
             if not 1 <= patch <= len(entries):
                 raise ForkError(f"patches/{base.name} has no patch #{patch}")

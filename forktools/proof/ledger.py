@@ -25,10 +25,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 
-from forktools import git, materialize, queue
-from forktools.pins import Base, ForkError
 from forktools.proof import machine, prove
 from forktools.proof.prove import Outcome
+from forktools.queue import git, materialize, series
+from forktools.queue.pins import Base, ForkError
 
 FILE = "proof.json"
 KEY_SHOWN = 12
@@ -61,7 +61,7 @@ class Inputs:
             "tree_with_fix": "the queue's tree",
             "tree_without_fix": "the tree without the fix",
             "environment": "the locked environments (locks/<base>/)",
-            "harness": "forktools/harness/",
+            "harness": "forktools/engine/harness/",
             "verify": "forktools/proof/prove.py",
             "tests": "the tests run",
             "platform": "the platform (operating system, architecture)",
@@ -206,7 +206,7 @@ def environment_digest(base: Base, environments: dict[str, list[str]]) -> str:
 class Subject:
     """A patch as it stands now, and what its proof depends on."""
 
-    entry: queue.Entry
+    entry: series.Entry
     commit: str
     tests: list[str]
     tree_without_fix: str
@@ -227,7 +227,7 @@ def subjects(base: Base, tree: Path) -> list[Subject | ForkError]:
     """Each patch of the queue in the fork tree, or why it cannot be proved."""
     commits = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
     found: list[Subject | ForkError] = []
-    for entry, commit in zip(queue.entries(base), commits, strict=True):
+    for entry, commit in zip(series.entries(base), commits, strict=True):
         tests = prove.added_tests(tree, commit)
         try:
             without, how = prove.tree_without_fix(base, entry, tree, commit)

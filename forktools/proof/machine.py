@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from forktools.pins import ForkError
 from forktools.proof import prove
+from forktools.queue.pins import ForkError
 
 FORCED = "VLLM_FORK_MACHINE"
 

@@ -1,7 +1,7 @@
 """What one proof observes: tests run in a tree, with or without a fix.
 
 Everything that decides an observation lives here or in the harness, so the
-content of this file and of ``forktools/harness/`` is part of every proof
+content of this file and of ``forktools/engine/harness/`` is part of every proof
 ledger key (``forktools/proof/ledger.py``). Scheduling, judging and the table
 (``forktools/proof/verify.py``) can change without re-proving anything.
 """
@@ -25,10 +25,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools import git, materialize, queue
-from forktools.pins import ROOT, Base, ForkError
+from forktools.queue import git, materialize, series
+from forktools.queue.pins import ROOT, Base, ForkError
 
-HARNESS = ROOT / "forktools" / "harness"
+HARNESS = ROOT / "forktools" / "engine" / "harness"
 PROOF_CODE = Path(__file__).resolve()
 ASSERTIONS = {"AssertionError", "Failed"}
 _HUNK = re.compile(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", re.MULTILINE)
@@ -188,7 +188,7 @@ def tree_with_fix(tree: Path) -> str:
 
 
 def tree_without_fix(
-    base: Base, entry: queue.Entry, tree: Path, commit: str
+    base: Base, entry: series.Entry, tree: Path, commit: str
 ) -> tuple[str, str]:
     """The git tree id of the whole queue with ``commit``'s fix undone (its
     source hunks reverted, or its without-fix diff applied), and how it was

@@ -25,9 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from forktools import git, materialize, venv
-from forktools.pins import Base, ForkError
+from forktools.environments import venv
 from forktools.proof import ledger, prove, schedule, verify
+from forktools.queue import git, materialize
+from forktools.queue.pins import Base, ForkError
 
 READ_ONLY = "test_read_only"
 RECORD = "read_only.json"

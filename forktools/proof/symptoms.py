@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
-from forktools import pins
-from forktools.pins import Base, ForkError
 from forktools.proof.prove import Outcome
+from forktools.queue import pins
+from forktools.queue.pins import Base, ForkError
 
 FILE = "symptoms.toml"
 

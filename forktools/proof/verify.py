@@ -35,12 +35,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools import check, git, materialize, pins, queue, venv
-from forktools.pins import Base, ForkError
+from forktools.environments import venv
 from forktools.proof import ledger, machine, prove, schedule, symptoms
 from forktools.proof.ledger import Ledger, Proof, Subject
 from forktools.proof.prove import Outcome, variant_of
-from forktools.table import render
+from forktools.queue import check, git, materialize, pins, series
+from forktools.queue.pins import Base, ForkError
+from forktools.queue.table import render
 
 UNKNOWN_SECONDS = 300.0  # a row's tests, with or without its fix
 AUDIT_MINUTES = 10.0  # the audit's default wall-clock budget
@@ -155,7 +156,7 @@ def stale(base: Base, proving: bool = False) -> list[str]:
     environments are read from the locks: nothing is built. ``proving``
     (``make test``, whose verify stage comes next) leaves out the rows that
     only need proving: no row yet, or a row whose inputs changed."""
-    if not queue.entries(base):
+    if not series.entries(base):
         return []
     run = prepare(base, fresh=False)
     where = f"patches/{base.name}/{ledger.FILE}"
@@ -379,7 +380,7 @@ def slot_count(bases: list[Base], minutes: float, workers: int = 0) -> int:
 
 
 def _prepared(bases: list[Base]) -> list[BaseRun]:
-    return [prepare(base, fresh=False) for base in bases if queue.entries(base)]
+    return [prepare(base, fresh=False) for base in bases if series.entries(base)]
 
 
 def commit_count() -> int:
@@ -728,7 +729,7 @@ def main(
         materialize.refuse_if_unexported(
             materialize.ensure(base), f"verify {base.name}"
         )
-    runs = [prepare(base, fresh) for base in bases if queue.entries(base)]
+    runs = [prepare(base, fresh) for base in bases if series.entries(base)]
     for run in runs:
         for planned in run.rows():
             if planned.why:

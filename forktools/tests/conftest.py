@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from forktools import pins, venv
-from forktools.pins import ROOT
+from forktools.queue import pins
+from forktools.environments import venv
+from forktools.queue.pins import ROOT
 
 VERSION = "9.9.9"
 BASE = f"v{VERSION}"
@@ -213,7 +214,7 @@ def _environment(path: Path, version: str, home: str) -> Path:
 def tool_lock(name: str, *requirements: str) -> Path:
     """Lock the tool environment ``name`` to ``requirements``, each with a
     made-up hash, in the project ``pins.ROOT`` points at."""
-    from forktools import tools
+    from forktools.environments import tools
 
     lock = tools.lock_path(name)
     lock.parent.mkdir(parents=True, exist_ok=True)

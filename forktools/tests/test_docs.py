@@ -2,7 +2,7 @@
 
 import re
 
-from forktools.pins import ROOT
+from forktools.queue.pins import ROOT
 
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))

@@ -11,8 +11,10 @@ import threading
 
 import pytest
 
-from forktools import cli, download, materialize, venv
-from forktools.pins import ForkError
+from forktools import cli
+from forktools.queue import download, materialize
+from forktools.environments import venv
+from forktools.queue.pins import ForkError
 
 from .conftest import BASE, copy_tooling
 

@@ -6,17 +6,20 @@ from pathlib import Path
 FORKTOOLS = Path(__file__).resolve().parents[1]
 
 
+def _name(path: Path) -> str:
+    return ".".join(path.relative_to(FORKTOOLS.parent).with_suffix("").parts)
+
+
 def _imports(path: Path, modules: set[str]) -> set[str]:
     """The forktools modules ``path`` imports, at its top or in a function."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if not isinstance(node, ast.ImportFrom) or not node.module:
             continue
-        if node.module == "forktools":
-            found |= {alias.name for alias in node.names}
-        elif node.module.startswith("forktools."):
-            found.add(node.module.split(".")[1])
-    return (found & modules) - {path.stem}
+        if node.module.startswith("forktools"):
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return (found & modules) - {_name(path)}
 
 
 def _circle(graph: dict[str, set[str]]) -> list[str]:
@@ -41,9 +44,13 @@ def _circle(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_the_tooling_has_no_import_circle():
-    paths = list(FORKTOOLS.glob("*.py"))
-    modules = {path.stem for path in paths}
-    graph = {path.stem: _imports(path, modules) for path in paths}
+    paths = [
+        path
+        for path in FORKTOOLS.rglob("*.py")
+        if path.name != "__init__.py" and "tests" not in path.parts
+    ]
+    modules = {_name(path) for path in paths}
+    graph = {_name(path): _imports(path, modules) for path in paths}
     assert _circle(graph) == []
 
 

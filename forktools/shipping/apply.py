@@ -1,0 +1,393 @@
+"""``make apply ONTO=<vLLM checkout>``: every fix that checkout needs, on a
+new branch from its HEAD.
+
+The checkout's vLLM version is read from the newest release tag on its
+history (``git describe --tags``), else from ``vllm/_version.py`` (what a
+build or an sdist leaves there); the fixes are those of the nearest pinned
+base at or below it (``BASE=`` overrides), in series order. Each ends in one
+of:
+
+- **has it**: the patch's ``Upstream-Status`` names a release at or before
+  the checkout's, or the patch reverse-applies there;
+- **applied**: ``git am --3way`` on the branch (``forktools.shipping.user_checkout``,
+  as ``make pr ONTO=``), the queue's own patch or, where it does not apply,
+  another queue's patch of the same fix (same subject or regression test
+  module); with ``python``, proved there: the fix's tests pass with it and
+  fail without it (its source reverted, its tests kept), each failure the
+  declared symptom. A fix whose tests pass without it is **not needed** on
+  this build and is taken off the branch again;
+- **conflict**: the run stops naming the file, the conflicted lines and the
+  fix; ``git am --continue``, then ``make apply`` again, goes on from the
+  branch.
+
+``apply/<checkout>/APPLY.md`` reports the checkout, its version and how it
+was read, and each fix's outcome; the command exits 1 unless every fix has
+it, is not needed, or was applied and proved.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from forktools.proof import prove, symptoms
+from forktools.queue import materialize, pins, series
+from forktools.queue.pins import Base, ForkError
+from forktools.shipping import user_checkout
+from forktools.shipping.user_checkout import git_in
+
+HAS_IT, APPLIED, NOT_NEEDED, CONFLICT = "has it", "applied", "not needed", "conflict"
+_VERSION_FILE = re.compile(r"""version\s*=\s*['"]v?([0-9][^'"+]*)""")
+
+
+@dataclass
+class Fix:
+    """One fix of the queue and what became of it in the checkout."""
+
+    entry: series.Entry
+    outcome: str = ""
+    how: str = ""
+    proof: str = "-"
+
+    @property
+    def done(self) -> bool:
+        proved = self.outcome == APPLIED and self.proof.startswith("proved")
+        return proved or self.outcome in (HAS_IT, NOT_NEEDED)
+
+
+def checkout_version(checkout: Path) -> tuple[str, str]:
+    """The checkout's vLLM release version, and where it was read."""
+    described = git_in(
+        checkout, "describe", "--tags", "--abbrev=0", "--match", "v[0-9]*"
+    )
+    tag = described.stdout.strip()
+    if described.returncode == 0 and _is_release(tag.removeprefix("v")):
+        return tag.removeprefix("v"), f"the tag {tag} on its history"
+    version_file = checkout / "vllm" / "_version.py"
+    found = (
+        _VERSION_FILE.search(version_file.read_text())
+        if version_file.exists()
+        else None
+    )
+    if found and _is_release(found[1]):
+        return found[1], "vllm/_version.py"
+    raise ForkError(
+        f"ONTO={checkout}: cannot tell its vLLM version (no release tag v* on its "
+        "history, no vllm/_version.py): give BASE=<the pinned base it is closest to>"
+    )
+
+
+def _is_release(version: str) -> bool:
+    try:
+        pins.version_key(version)
+    except ValueError:
+        return False
+    return True
+
+
+def base_for(version: str, pinned: pins.Pins) -> Base:
+    """The newest pinned base at or below ``version``."""
+    below = [
+        base
+        for base in pinned.newest_first()
+        if pins.version_key(base.version) <= pins.version_key(version)
+    ]
+    if not below:
+        oldest = pinned.newest_first()[-1]
+        raise ForkError(
+            f"vLLM {version} is older than the oldest pinned base, {oldest.name}: "
+            "no queue is made for it"
+        )
+    return below[0]
+
+
+@dataclass
+class Target:
+    """The checkout being fixed, on its branch of the base's fixes."""
+
+    checkout: Path
+    version: str
+    base: Base
+    branch: str
+    started_from: str  # where giving up switches back to
+    on_branch: dict[str, str]  # an earlier run's fixes: subject -> commit
+
+
+def main(checkout: Path, base_name: str | None, python: Path | None) -> int:
+    user_checkout.require_checkout(checkout)
+    user_checkout.require_clean(checkout, "make apply")
+    pinned = pins.load()
+    if base_name:
+        base = pinned.get(base_name)
+        try:
+            version, read_from = checkout_version(checkout)
+        except ForkError:
+            version, read_from = base.version, f"BASE={base.name}: none of its own"
+    else:
+        version, read_from = checkout_version(checkout)
+        base = base_for(version, pinned)
+    fixes = [Fix(entry) for entry in series.fixes(base)]
+    target = _target(checkout, version, base, {f.entry.subject(base) for f in fixes})
+    try:
+        for fix in fixes:
+            _apply(fix, target, pinned, python)
+    finally:
+        report = _report(target, read_from, fixes)
+    for fix in fixes:
+        print(f"apply: {fix.entry.name}: {fix.outcome}, {fix.how}; {fix.proof}")
+    print(f"apply: {checkout}: branch {target.branch}; report {report}")
+    return 0 if all(fix.done for fix in fixes) else 1
+
+
+def _target(checkout: Path, version: str, base: Base, subjects: set[str]) -> Target:
+    """Switch the checkout to the branch of ``base``'s fixes: a new one from
+    HEAD, or the one an earlier run left, whose tip holds the fixes it
+    applied (``subjects``)."""
+    branch = f"vllm-fork/fixes-{base.name}"
+    current = git_in(checkout, "branch", "--show-current").stdout.strip()
+    if git_in(checkout, "rev-parse", "--verify", "-q", branch).returncode != 0:
+        head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
+        git_in(checkout, "switch", "--quiet", "-c", branch, check=True)
+        return Target(checkout, version, base, branch, current or head, {})
+    if current != branch:
+        raise ForkError(
+            f"{checkout} already has a branch {branch}: switch to it to go on "
+            f"(git switch {branch}), or remove it (git branch -D {branch})"
+        )
+    log = git_in(checkout, "log", "--first-parent", "--format=%H %s", "-n", "200")
+    on_branch = {}
+    for line in log.stdout.splitlines():
+        commit, _, subject = line.partition(" ")
+        if subject not in subjects:
+            return Target(checkout, version, base, branch, commit, on_branch)
+        on_branch[subject] = commit
+    raise ForkError(f"{checkout}: {branch} holds nothing but fixes; remove it")
+
+
+def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> None:
+    base, entry, checkout = target.base, fix.entry, target.checkout
+    if earlier := target.on_branch.get(entry.subject(base)):
+        fix.outcome, fix.how = APPLIED, "on the branch from an earlier run"
+        _prove_if(fix, base, checkout, earlier, python)
+        return
+    if held := _has_it(base, entry, target.version, checkout):
+        fix.outcome, fix.how = HAS_IT, held
+        return
+    taken = _first_applying(base, entry, pinned, checkout)
+    if taken:
+        other, patch, applied = taken
+        fix.outcome = APPLIED
+        output = applied.stdout + applied.stderr
+        fix.how = "three-way" if "3-way" in output else "clean"
+        if other is not base:
+            fix.how += f", {other.name}'s version of it ({patch.name})"
+    else:
+        fix.outcome, fix.how = CONFLICT, "applies from no queue"
+        patch = base.patch_dir / entry.name
+        applied = _am(base, patch, checkout)
+        shown = f"patches/{base.name}/{entry.name}"
+        stopped = user_checkout.conflict(
+            shown,
+            patch,
+            checkout,
+            target.branch,
+            target.started_from,
+            applied,
+            "make apply",
+        )
+        raise ForkError(f"{stopped}\n{_why_conflict(base, entry, target.version)}")
+    head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
+    _prove_if(fix, other, checkout, head, python)
+
+
+def _first_applying(
+    base: Base, entry: series.Entry, pinned: pins.Pins, checkout: Path
+) -> tuple[Base, Path, subprocess.CompletedProcess[str]] | None:
+    """The first version of the fix (``_versions``) that applies onto the
+    checkout, committed there; None, the checkout as it was, if none does."""
+    for other, patch in _versions(base, entry, pinned):
+        applied = _am(other, patch, checkout)
+        if applied.returncode == 0:
+            return other, patch, applied
+        git_in(checkout, "am", "--abort")
+    return None
+
+
+def _prove_if(
+    fix: Fix, base: Base, checkout: Path, commit: str, python: Path | None
+) -> None:
+    if python is None:
+        fix.proof = (
+            "not proved here (PYTHON=: an environment with the checkout installed)"
+        )
+    else:
+        _prove(fix, base, checkout, commit, python)
+
+
+def try_alone(
+    checkout: Path, base: Base, entry: series.Entry, version: str, pinned: pins.Pins
+) -> str:
+    """What ``make apply`` makes of ``entry`` alone on the clean ``checkout``
+    of vLLM ``version``, which is left as it was: "has it (...)", "applies",
+    "applies as <base>'s", "no code" (none of the files it fixes is there)
+    or "port needed"."""
+    sources = [name for name in entry.changed_files(base) if name.startswith("vllm/")]
+    if held := _has_it(base, entry, version, checkout):
+        released = entry.upstream_status(base).released_in
+        return f"{HAS_IT} (v{released})" if "released" in held else f"{HAS_IT} (code)"
+    if not any((checkout / name).exists() for name in sources):
+        return "no code"
+    head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
+    taken = _first_applying(base, entry, pinned, checkout)
+    if not taken:
+        return "port needed"
+    git_in(checkout, "reset", "--quiet", "--hard", head, check=True)
+    other = taken[0]
+    return "applies" if other is base else f"applies as {other.name}'s"
+
+
+def _why_conflict(base: Base, entry: series.Entry, version: str) -> str:
+    """Whether the bug is gone or the code moved, as far as the patch's
+    Upstream-Status tells."""
+    released = entry.upstream_status(base).released_in
+    upstream = f"upstream fixed it in v{released}" if released else "upstream lacks it"
+    return (
+        f"vLLM {version} has the bug ({upstream}, its source changes do not "
+        "reverse-apply) and no queue's version of the fix applies: the code "
+        "moved, the fix needs a port for this release."
+    )
+
+
+def _has_it(base: Base, entry: series.Entry, version: str, checkout: Path) -> str:
+    """Why the checkout already holds ``entry``'s fix, or ""."""
+    released = entry.upstream_status(base).released_in
+    if released and pins.version_key(released) <= pins.version_key(version):
+        return f"upstream's own fix, released in v{released}"
+    patch = str(base.patch_dir / entry.name)
+    source = ("--include=vllm/*", "--check", "--reverse", patch)
+    if git_in(checkout, "apply", *source).returncode == 0:
+        return "its source changes reverse-apply"
+    return ""
+
+
+def _versions(base: Base, entry: series.Entry, pinned: pins.Pins):
+    """The fix's patch in ``base``'s queue, then its versions in the other
+    queues (``same_fix``), nearest base first."""
+    yield base, base.patch_dir / entry.name
+    ours = pins.version_key(base.version)
+
+    def distance(other: Base) -> tuple[int, ...]:
+        theirs = pins.version_key(other.version)
+        return tuple(abs(a - b) for a, b in zip(theirs, ours, strict=True))
+
+    for other in sorted(pinned.newest_first(), key=distance)[1:]:
+        for candidate in series.fixes(other):
+            if same_fix(base, entry, other, candidate):
+                yield other, other.patch_dir / candidate.name
+
+
+def same_fix(
+    base: Base, entry: series.Entry, other: Base, candidate: series.Entry
+) -> bool:
+    """Whether ``candidate`` of ``other``'s queue is a version of ``entry``
+    of ``base``'s: the same subject, or a regression test module in common
+    (a fix written again for newer code)."""
+    if candidate.subject(other) == entry.subject(base):
+        return True
+    return bool(entry.new_test_modules(base) & candidate.new_test_modules(other))
+
+
+def _am(base: Base, patch: Path, checkout: Path) -> subprocess.CompletedProcess[str]:
+    user_checkout.bring_blobs(materialize.ensure(base), patch, checkout)
+    return git_in(checkout, "am", "--3way", "--keep-non-patch", str(patch))
+
+
+def _prove(fix: Fix, base: Base, checkout: Path, commit: str, python: Path) -> None:
+    """The tests of the fix ``commit`` in the checkout with it (HEAD) and
+    without it (its source changes reverted there for the run, its tests
+    kept), judged as ``make verify`` judges a row; a fix at the tip whose
+    tests pass without it is taken off again. They run in the checkout
+    itself: its build's files (compiled extensions, ``_version.py``) are not
+    in git."""
+    tests = prove.added_tests(checkout, commit)
+    if not tests:
+        fix.proof = "not proved: the patch adds no test"
+        return
+    with_fix = _run(checkout, python, tests, "with")
+    source = git_in(checkout, "diff", f"{commit}~1", commit, "--", "vllm").stdout
+    reverted = subprocess.run(
+        ["git", "-C", str(checkout), "apply", "--reverse"],
+        input=source,
+        capture_output=True,
+        text=True,
+    )
+    if reverted.returncode != 0:
+        fix.proof = "NOT proved: its source changes do not revert at HEAD"
+        return
+    try:
+        without = _run(checkout, python, tests, "without")
+    finally:
+        git_in(checkout, "checkout", "--quiet", "HEAD", "--", "vllm", check=True)
+    problems = symptoms.problems(without, symptoms.load(base))
+    if with_fix.failed or with_fix.errors:
+        fix.proof = f"NOT proved: with it, {with_fix.failed} of {with_fix.total} failed"
+    elif not without.failed and not without.errors:
+        fix.outcome, fix.how = NOT_NEEDED, "its tests pass without it here"
+        left = _take_off(checkout, commit)
+        fix.proof = f"{without.passed}/{without.total} passed without it; {left}"
+    elif problems or without.errors:
+        fix.proof = "NOT proved: without it, " + "; ".join(problems + without.errors)
+    else:
+        fix.proof = (
+            f"proved: {with_fix.passed}/{with_fix.total} passed with it, "
+            f"{without.failed}/{without.total} failed without it, as declared"
+        )
+
+
+def _take_off(checkout: Path, commit: str) -> str:
+    """Take the fix ``commit`` off the branch where it is the tip."""
+    if git_in(checkout, "rev-parse", "HEAD").stdout.strip() != commit:
+        return f"left on the branch (git rebase --onto {commit[:12]}~1 {commit[:12]})"
+    git_in(checkout, "reset", "--quiet", "--hard", f"{commit}~1", check=True)
+    return "left off"
+
+
+def _run(checkout: Path, python: Path, tests: list[str], half: str) -> prove.Outcome:
+    with tempfile.TemporaryDirectory() as tmp:
+        plugin = Path(tmp)
+        report_plugin = prove.HARNESS / "vllm_fork_report.py"
+        (plugin / report_plugin.name).write_bytes(report_plugin.read_bytes())
+        print(f"apply: {half} the fix: {len(tests)} test(s)", file=sys.stderr)
+        return prove.run_tests(
+            python, checkout, tests, label=f"apply {half}", harness=plugin
+        )
+
+
+def _report(target: Target, read_from: str, fixes: list[Fix]) -> Path:
+    checkout, base = target.checkout, target.base
+    head = user_checkout.describe(checkout, "HEAD")
+    rows = [
+        f"| {fix.entry.name} | {fix.outcome or 'not reached'} | {fix.how} | "
+        f"{fix.proof} |"
+        for fix in fixes
+    ]
+    lines = [
+        f"# The fixes of {base.name} on {checkout}",
+        "",
+        f"- checkout: `{head}`, vLLM {target.version} (read from {read_from})",
+        f"- branch: `{target.branch}`, the fixes of the {base.name} queue in "
+        "series order",
+        "",
+        "| fix | outcome | how | its tests there |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    report = pins.ROOT / "apply" / checkout.resolve().name / "APPLY.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("\n".join(lines))
+    return report

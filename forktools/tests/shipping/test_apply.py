@@ -1,0 +1,274 @@
+"""``make apply ONTO=``: the fixes a user's vLLM checkout needs, each proved
+there, on a branch of its own."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from forktools.shipping import apply, releases
+from forktools import cli
+from forktools.queue import export, materialize, pins, series
+from forktools.queue.pins import ForkError
+
+from forktools.tests.conftest import CORE, VERSION, git
+from .test_pr import _pin_newer
+from forktools.tests.proof.test_verify import LAYER_3, LAYER_5, SYMPTOMS
+
+
+def _fix(project, layer: int, test: str) -> None:
+    (project.tree / f"tests/test_layer_{layer}.py").write_text(test)
+    git(project.tree, "add", f"tests/test_layer_{layer}.py")
+    core = (project.tree / "vllm/core.py").read_text()
+    fixed = core.replace(f"return {layer}\n", f"return {layer}{layer}\n")
+    message = (
+        f"[Bugfix][Core] Make layer {layer} return {layer}{layer}\n\nWhy.\n\n"
+        f"Upstream-Status: Pending [issue {layer}]"
+    )
+    project.commit("vllm/core.py", fixed, message)
+
+
+@pytest.fixture
+def fixes(project) -> list[str]:
+    """A queue of two fixes, layer 3 and layer 5, with their symptoms."""
+    materialize.ensure(project.base)
+    _fix(project, 3, LAYER_3)
+    _fix(project, 5, LAYER_5)
+    (project.base.patch_dir).mkdir(parents=True, exist_ok=True)
+    names = export.export(project.base)
+    (project.base.patch_dir / "symptoms.toml").write_text(SYMPTOMS)
+    return names
+
+
+def _checkout(project, tmp_path, edit=None) -> Path:
+    """A user's checkout of the release, with one commit of their own."""
+    checkout = tmp_path / "vllm"
+    pristine = materialize.pristine(project.base)
+    subprocess.run(["git", "clone", "-q", str(pristine), str(checkout)], check=True)
+    core = (checkout / "vllm/core.py").read_text()
+    (checkout / "vllm/core.py").write_text(edit(core) if edit else "# ours\n" + core)
+    git(checkout, "commit", "-qam", "Our own change")
+    (checkout / "vllm/_version.py").write_text(f"__version__ = version = '{VERSION}'\n")
+    return checkout
+
+
+def _apply(checkout: Path, *python: str) -> int:
+    args = ["apply", "--onto", str(checkout)]
+    return cli.main(args + (["--python", *python] if python else []))
+
+
+def _report(project, checkout: Path) -> str:
+    return (project.root / "apply" / checkout.name / "APPLY.md").read_text()
+
+
+def test_each_fix_the_checkout_lacks_is_applied_and_proved_there(
+    project, fixes, tmp_path, capsys
+):
+    # The checkout has layer 5's fix already (it reverse-applies).
+    checkout = _checkout(
+        project,
+        tmp_path,
+        lambda core: "# ours\n" + core.replace("return 5\n", "return 55\n"),
+    )
+    head = git(checkout, "rev-parse", "HEAD").strip()
+    assert _apply(checkout, sys.executable) == 0
+    assert git(checkout, "branch", "--show-current").strip() == "vllm-fork/fixes-v9.9.9"
+    assert git(checkout, "rev-parse", "HEAD~1").strip() == head
+    assert "return 33" in (checkout / "vllm/core.py").read_text()
+    report = _report(project, checkout)
+    assert f"vLLM {VERSION} (read from vllm/_version.py)" in report
+    assert f"| {fixes[0]} | applied | clean | proved: 1/1 passed with it, " in report
+    assert f"| {fixes[1]} | has it | its source changes reverse-apply | - |" in report
+    assert f"apply: {fixes[0]}: applied" in capsys.readouterr().out
+
+
+def test_without_python_the_fixes_are_applied_but_not_proved(project, fixes, tmp_path):
+    checkout = _checkout(project, tmp_path)
+    assert _apply(checkout) == 1
+    report = _report(project, checkout)
+    assert report.count("| applied | clean | not proved here (PYTHON=") == 2
+
+
+def test_a_fix_whose_tests_pass_without_it_is_not_needed_and_left_off(
+    project, fixes, tmp_path
+):
+    # Layer 3 is given its right value elsewhere: the fix applies, but the
+    # bug is not there.
+    checkout = _checkout(
+        project, tmp_path, lambda core: core + "\n\ndef layer_3():\n    return 33\n"
+    )
+    assert _apply(checkout, sys.executable) == 0
+    report = _report(project, checkout)
+    assert (
+        f"| {fixes[0]} | not needed | its tests pass without it here | 1/1 passed without it; left off |"
+        in report
+    )
+    log = git(checkout, "log", "--format=%s", "-n", "2").splitlines()
+    assert log == ["[Bugfix][Core] Make layer 5 return 55", "Our own change"]
+
+
+def test_a_conflict_stops_naming_the_lines_and_a_second_run_goes_on(
+    project, fixes, tmp_path
+):
+    checkout = _checkout(
+        project, tmp_path, lambda core: core.replace("return 3\n", "return 300\n")
+    )
+    ours = git(checkout, "branch", "--show-current").strip()
+    with pytest.raises(ForkError) as stopped:
+        apply.main(checkout, None, None)
+    said = str(stopped.value)
+    branch = "vllm-fork/fixes-v9.9.9"
+    assert f"git am --abort && git switch {ours} && git branch -D {branch}" in said
+    assert said.startswith(f"patches/v9.9.9/{fixes[0]} does not apply onto ")
+    assert "vllm/core.py: conflict at lines" in said
+    assert "git am --continue" in said and "run make apply again" in said
+    assert said.endswith(
+        "(upstream lacks it, its source changes do not reverse-apply) "
+        "and no queue's version of the fix applies: the code moved, "
+        "the fix needs a port for this release."
+    )
+    assert f"| {fixes[0]} | conflict | applies from no queue |" in _report(
+        project, checkout
+    )
+
+    core = (checkout / "vllm/core.py").read_text()
+    resolved = (
+        core.split("<<<<<<<")[0]
+        + "    return 33\n"
+        + core.split(">>>>>>>")[1].split("\n", 1)[1]
+    )
+    (checkout / "vllm/core.py").write_text(resolved)
+    git(checkout, "add", "vllm/core.py")
+    subprocess.run(
+        ["git", "-C", str(checkout), "am", "--continue"],
+        check=True,
+        capture_output=True,
+    )
+    # Proved again: without it, the checkout's own 300 shows, which is not
+    # the bug's declared symptom; the fix is not proved there.
+    assert apply.main(checkout, None, sys.executable) == 1
+    report = _report(project, checkout)
+    earlier = "applied | on the branch from an earlier run | NOT proved: without it, "
+    assert f"| {fixes[0]} | {earlier}" in report
+    assert "assert 300 == 33, not its declared symptom" in report
+    assert f"| {fixes[1]} | applied | clean | proved: " in report
+
+
+def test_the_version_comes_from_a_release_tag_else_the_version_file_else_refused(
+    project, tmp_path
+):
+    checkout = tmp_path / "vllm"
+    checkout.mkdir()
+    git(checkout, "init", "-q")
+    git(checkout, "commit", "-q", "--allow-empty", "-m", "start")
+    with pytest.raises(ForkError, match="cannot tell its vLLM version .* give BASE="):
+        apply.checkout_version(checkout)
+    (checkout / "vllm").mkdir()
+    (checkout / "vllm/_version.py").write_text("__version__ = version = '9.9.12'\n")
+    assert apply.checkout_version(checkout) == ("9.9.12", "vllm/_version.py")
+    git(checkout, "tag", "v9.9.11")
+    git(checkout, "commit", "-q", "--allow-empty", "-m", "later")
+    assert apply.checkout_version(checkout) == (
+        "9.9.11",
+        "the tag v9.9.11 on its history",
+    )
+    assert apply.base_for("9.9.11", pins.load()).name == "v9.9.9"
+    with pytest.raises(ForkError, match="older than the oldest pinned base, v9.9.9"):
+        apply.base_for("9.9.8", pins.load())
+
+
+def test_a_checkout_with_changes_is_refused_and_nothing_moves(project, fixes, tmp_path):
+    checkout = _checkout(project, tmp_path)
+    (checkout / "vllm/core.py").write_text("# changed by hand\n")
+    with pytest.raises(
+        ForkError, match="has uncommitted changes .* run make apply again"
+    ):
+        apply.main(checkout, None, None)
+    assert git(checkout, "branch", "--show-current").strip() != "vllm-fork/fixes-v9.9.9"
+
+
+def test_another_queues_version_of_a_fix_is_taken_where_the_bases_does_not_apply(
+    project, fixes, tmp_path
+):
+    # A newer release writes layer 3 another way; its queue carries the same
+    # fix written for that code, under the same subject.
+    rewritten = CORE.replace("    return 3\n", "    value = 3\n    return value\n")
+    name = _pin_newer(project, "9.9.10", rewritten)
+    newer = pins.load().get(name)
+    tree = materialize.ensure(newer)
+    core = (tree / "vllm/core.py").read_text()
+    (tree / "vllm/core.py").write_text(core.replace("value = 3\n", "value = 33\n"))
+    (tree / "tests/test_layer_3.py").write_text(LAYER_3)
+    git(tree, "add", "vllm/core.py", "tests/test_layer_3.py")
+    subject = git(project.tree, "log", "--format=%B", "-n", "1", "HEAD~1")
+    git(tree, "commit", "-q", "-s", "-m", subject)
+    [ported] = export.export(newer)
+    (newer.patch_dir / "symptoms.toml").write_text(SYMPTOMS)  # judged by its own
+    # An internal build of newer code, told to take the v9.9.9 queue.
+    checkout = tmp_path / "vllm"
+    pristine = materialize.pristine(newer)
+    subprocess.run(["git", "clone", "-q", str(pristine), str(checkout)], check=True)
+    dev = "__version__ = version = '9.9.11.dev3+g1e98434'\n"  # no release: BASE= says
+    (checkout / "vllm/_version.py").write_text(dev)
+    assert apply.main(checkout, "v9.9.9", sys.executable) == 0
+    report = _report(project, checkout)
+    assert f"| {fixes[0]} | applied | clean, v9.9.10's version of it ({ported}) |" in (
+        report
+    )
+    assert f"| {fixes[1]} | applied | clean | proved: " in report
+    assert "vLLM 9.9.9 (read from BASE=v9.9.9: none of its own)" in report
+    assert "value = 33" in (checkout / "vllm/core.py").read_text()
+
+
+def test_each_fix_alone_on_a_release_as_the_release_table_shows_it(
+    project, fixes, tmp_path
+):
+    pinned = pins.load()
+    entries = series.fixes(project.base)
+    plain = _checkout(project, tmp_path / "plain")
+    fixed = _checkout(
+        project,
+        tmp_path / "fixed",
+        lambda core: core.replace("return 3\n", "return 33\n"),
+    )
+    moved = _checkout(project, tmp_path / "moved", lambda core: "")
+    git(moved, "rm", "-q", "vllm/core.py")
+    git(moved, "commit", "-qm", "core.py moved away")
+    competing = _checkout(
+        project,
+        tmp_path / "competing",
+        lambda core: core.replace("return 3\n", "return 300\n"),
+    )
+    cells = {
+        name: apply.try_alone(checkout, project.base, entries[0], VERSION, pinned)
+        for name, checkout in [
+            ("plain", plain),
+            ("fixed", fixed),
+            ("moved", moved),
+            ("competing", competing),
+        ]
+    }
+    assert cells == {
+        "plain": "applies",
+        "fixed": "has it (code)",
+        "moved": "no code",
+        "competing": "port needed",
+    }
+    for checkout in (plain, competing):  # left as it was
+        assert git(checkout, "log", "-1", "--format=%s").strip() == "Our own change"
+        assert git(checkout, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_the_release_table_takes_the_latest_patch_of_each_minor_in_the_pinned_range(
+    project, monkeypatch
+):
+    name = _pin_newer(project, "9.11.0", CORE)
+    assert name == "v9.11.0"
+    offered = ["9.9.8", "9.9.9", "9.10.0", "9.10.2", "9.10.3rc1", "9.11.0", "9.12.0"]
+    offered += ["9.10.1.dev4", "9.10.1.post1"]
+    candidates = [type("Candidate", (), {"version": v})() for v in offered]
+    monkeypatch.setattr(
+        releases.download, "_pip_candidates", lambda project: candidates
+    )
+    assert releases.releases(pins.load()) == ["9.9.9", "9.10.2", "9.11.0"]
