@@ -43,7 +43,7 @@ def cmd_check(args, proving: bool = False) -> int:
     """Fail when patches/ and the fork trees disagree, or a proof ledger is
     stale; ``proving`` (``make test``, whose verify stage proves them next)
     lets rows that only need proving pass."""
-    from forktools.proof import ledger
+    from forktools import proof
 
     found, checked = [], 0
     for base in _bases(args):
@@ -55,10 +55,10 @@ def cmd_check(args, proving: bool = False) -> int:
             )
             continue
         checked += 1
-        problems = check.problems(base)
+        problems = check.problems(base) + proof.symptom_problems(base)
         found += problems + [p for p in _stale(base, proving) if p not in problems]
-        if ledger.path(base).exists():
-            print(f"check: {ledger.proved_here(base)}")
+        if proof.ledger_path(base).exists():
+            print(f"check: {proof.proved_here(base)}")
     for problem in found:
         print(f"check: {problem}", file=sys.stderr)
     if not checked:
@@ -73,10 +73,10 @@ def cmd_check(args, proving: bool = False) -> int:
 def _stale(base, proving: bool) -> list[str]:
     """The ledger's stale rows, or why they cannot be planned (a problem
     ``check.problems`` may name too)."""
-    from forktools.proof import verify
+    from forktools import proof
 
     try:
-        return verify.stale(base, proving)
+        return proof.stale(base, proving)
     except ForkError as error:
         return [str(error)]
 
@@ -93,10 +93,12 @@ def cmd_fixes(args) -> int:
 
 def cmd_status(args) -> int:
     """A queue's patches: fix or test, upstream status, which newer releases hold it."""
+    from forktools.environments import relock
     from forktools.queue import status
+    from forktools.shipping import wheel
 
     bases = _bases(args) if args.wide else [pins.load().get(args.base)]
-    return status.main(bases, fetch=args.fetch, wide=args.wide)
+    return status.main(bases, args.fetch, args.wide, relock.moves, wheel.status_lines)
 
 
 def cmd_verify(args) -> int:
@@ -129,7 +131,7 @@ def cmd_lint(args) -> int:
 def cmd_read_only(args) -> int:
     """The queue's read-only cache tests again, with every capability dropped."""
     from forktools import proof
-    from forktools.proof.verify import AUDIT_MINUTES
+    from forktools.proof import AUDIT_MINUTES
 
     return proof.main(
         "read-only",
@@ -184,9 +186,11 @@ def cmd_releases(args) -> int:
 
 def cmd_rebase(args) -> int:
     """Carry the newest queue onto a new upstream release, with a report."""
+    from forktools import proof
     from forktools.queue import rebase
 
-    report = rebase.rebase(args.to, probe_tests=args.probe_tests, ported=args.ported)
+    probe = proof.probe_tests if args.probe_tests else None
+    report = rebase.rebase(args.to, probe=probe, ported=args.ported)
     print(report.read_text())
     return 0 if rebase.is_complete(report) else 1
 
@@ -234,9 +238,13 @@ def cmd_venv(args) -> int:
 
 def cmd_lock(args) -> int:
     """Write each environment's lock from the package index, printing each move."""
+    from forktools import proof
     from forktools.environments import relock
+    from forktools.shipping import precommit
 
-    return relock.main(_bases(args), from_ledger=args.from_ledger)
+    bases = _bases(args)
+    recorded = proof.recorded_environments if args.from_ledger else None
+    return relock.main(bases, recorded, precommit.tool_environments(bases))
 
 
 def cmd_engine_env(args) -> int:
@@ -260,8 +268,8 @@ def _environments(bases: list[pins.Base]) -> list[Path]:
     install keeps about one core busy); the bases' test Pythons."""
     import concurrent.futures
 
+    from forktools import proof
     from forktools.environments import venv
-    from forktools.proof import schedule
 
     def test_environment(base: pins.Base) -> Path:
         materialize.ensure(base)
@@ -271,7 +279,7 @@ def _environments(bases: list[pins.Base]) -> list[Path]:
         return python
 
     own_engines = [b for b in bases if b.engine and not b.engine.kernels_only]
-    with concurrent.futures.ThreadPoolExecutor(schedule.default_jobs()) as pool:
+    with concurrent.futures.ThreadPoolExecutor(proof.default_jobs()) as pool:
         # An engine of its own takes as long as a test environment: start it
         # first, beside them, rather than after its base's.
         engines = [pool.submit(venv.ensure_engine, base) for base in own_engines]
@@ -405,7 +413,7 @@ def _minutes(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    from forktools.proof.verify import AUDIT_MINUTES
+    from forktools.proof import AUDIT_MINUTES
 
     top = argparse.ArgumentParser(
         prog="python -m forktools",

@@ -32,9 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from forktools import proof
 from forktools.engine import llm
 from forktools.environments import tools, venv
-from forktools.proof import prove
 from forktools.queue import git, materialize, pins
 from forktools.queue.pins import ROOT, Base, ForkError
 from forktools.queue.table import render
@@ -98,7 +98,7 @@ def _progress(message: str) -> None:
 @contextmanager
 def checkout(tree: Path, revision: str):
     """A throwaway checkout of ``revision`` of a fork tree, wheel files linked."""
-    with prove.checkout(tree) as path:
+    with proof.checkout(tree) as path:
         git.run(path, "checkout", "--quiet", "--detach", revision)
         yield path
 
@@ -127,7 +127,7 @@ def _script_env(tree: Path, extra_env: dict | None = None) -> dict[str, str]:
     return dict(
         os.environ,
         VLLM_TARGET_DEVICE="cpu",
-        PYTHONPATH=os.pathsep.join([str(tree), str(prove.HARNESS)]),
+        PYTHONPATH=os.pathsep.join([str(tree), str(proof.HARNESS)]),
         HF_HUB_OFFLINE="1",
         **(extra_env or {}),
     )

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from forktools.engine.engine_run import PROMPTS
 from forktools.environments import venv
-from forktools.proof.prove import HARNESS
+from forktools.proof import HARNESS
 from forktools.queue import materialize
 from forktools.queue.pins import Base, ForkError
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Callable
 
 from forktools.environments import lockfiles, tools, venv
-from forktools.proof import ledger
 from forktools.queue.pins import Base, ForkError
-from forktools.shipping import precommit
 
 WHAT = {"test": "test environment", "engine": "CPU engine environment"}
 
@@ -33,10 +32,10 @@ def resolved(base: Base, role: str) -> lockfiles.Lock:
     return lockfiles.Lock.made(lockfiles.path(base, role), python.version, pinned)
 
 
-def recorded(base: Base, role: str) -> lockfiles.Lock:
-    """The lock of ``role`` made from the set the proof ledger recorded, so
-    that every row's key holds (how the first locks were made)."""
-    sets = ledger.load(base).environments
+def recorded(base: Base, role: str, sets: dict[str, list[str]]) -> lockfiles.Lock:
+    """The lock of ``role`` made from ``sets``, the environments the proof
+    ledger recorded, so that every row's key holds (how the first locks were
+    made)."""
     if role not in sets:
         raise ForkError(f"patches/{base.name}/proof.json records no {role} environment")
     if role == "engine" and base.engine and base.engine.kernels_only:
@@ -48,14 +47,29 @@ def recorded(base: Base, role: str) -> lockfiles.Lock:
     return lockfiles.Lock.made(lockfiles.path(base, role), python.version, pinned)
 
 
-def main(bases: list[Base], from_ledger: bool = False) -> int:
+RecordedSets = Callable[[Base], dict[str, list[str]]]
+ToolEnvironments = dict[str, tuple[list[str], bool]]
+
+
+def main(
+    bases: list[Base],
+    recorded_sets: RecordedSets | None = None,
+    hook_tools: ToolEnvironments | None = None,
+) -> int:
+    """Lock each base's environments from the index, or from the sets
+    ``recorded_sets`` reads (the proof ledger's); then every tool
+    environment: ours, and ``hook_tools`` (each base's upstream lint hooks,
+    as ``precommit.tool_environments`` names them)."""
     for base in bases:
+        sets = recorded_sets(base) if recorded_sets else None
         for role in lockfiles.roles(base):
-            new = recorded(base, role) if from_ledger else resolved(base, role)
+            new = (
+                recorded(base, role, sets) if sets is not None else resolved(base, role)
+            )
             _write(new, _current(base, role), f"{base.name} {WHAT[role]}")
-        if from_ledger:
-            _same_as_recorded(base)
-    for name, (requirements, target) in tool_environments(bases).items():
+        if sets is not None:
+            _same_as_recorded(base, sets)
+    for name, (requirements, target) in tool_environments(hook_tools or {}).items():
         what = f"tool environment {name} ({' '.join(requirements)})"
         _write(_tool_lock(name, requirements, target), _tool_current(name), what)
     return 0
@@ -71,33 +85,17 @@ def _write(new: lockfiles.Lock, old: lockfiles.Lock | None, what: str) -> None:
         print(f"  {change}")
 
 
-def tool_environments(bases: list[Base]) -> dict[str, tuple[list[str], bool]]:
-    """The tool environments the tooling installs on first use (ours, and
-    each base's upstream lint hooks), by name: their requirements, and
-    whether they are a ``--target`` folder rather than an environment."""
+def tool_environments(hook_tools: ToolEnvironments) -> ToolEnvironments:
+    """The tool environments the tooling installs on first use, ours and
+    ``hook_tools``, by name: their requirements, and whether they are a
+    ``--target`` folder rather than an environment."""
     found = {
         tools.environment_name(tool): ([tool], False)
-        for tool in (tools.RUFF, tools.PYYAML, tools.UV)
+        for tool in (tools.RUFF, tools.PYYAML, tools.UV, tools.IMPORT_LINTER)
     }
     for packages in (tools.XDIST, tools.BUILD):
         found[tools.packages_name(packages)] = (list(packages), True)
-    for base in bases:
-        hooks = precommit.hooks(base)
-        for tool in filter(None, (hooks.ruff, hooks.typos)):
-            found[tools.environment_name(tool)] = ([tool], False)
-        if hooks.mypy:
-            mypy, *packages = precommit.mypy_requirements(hooks)
-            found[tools.environment_name(mypy, tuple(packages))] = (
-                [mypy, *packages],
-                False,
-            )
-        for hook in hooks.local:
-            if hook.packages:
-                found[tools.environment_name("", hook.packages)] = (
-                    list(hook.packages),
-                    False,
-                )
-    return found
+    return found | hook_tools
 
 
 def _tool_lock(name: str, requirements: list[str], target: bool) -> lockfiles.Lock:
@@ -116,8 +114,7 @@ def _tool_current(name: str) -> lockfiles.Lock | None:
     return lockfiles.read_file(path, platform.python_version())
 
 
-def _same_as_recorded(base: Base) -> None:
-    recorded_sets = ledger.load(base).environments
+def _same_as_recorded(base: Base, recorded_sets: dict[str, list[str]]) -> None:
     for role, lines in venv.environments(base).items():
         if recorded_sets.get(role) != lines:
             differ = set(lines) ^ set(recorded_sets.get(role, []))

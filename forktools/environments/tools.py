@@ -17,6 +17,8 @@ from forktools.queue.pins import ForkError
 
 RUFF = "ruff==0.14.0"  # our own code's, as in our .pre-commit-config.yaml
 UV = "uv==0.13.9"
+# Holds the layering of forktools/ (pyproject.toml, [tool.importlinter]).
+IMPORT_LINTER = "import-linter==2.16"
 PYYAML = "pyyaml==6.0.3"
 # Spreads the tooling's tests over the CPUs; pure Python, loaded beside the
 # caller's own pytest.

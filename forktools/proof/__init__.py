@@ -1,7 +1,9 @@
 """The proof: each patch's tests pass with it and fail without it, as data.
 
-- ``prove``: what one proof observes; its content and the harness are in
-  every ledger key.
+- ``runner``: one test run as a proof observes it (the checkout's contents, the
+  command, the environment the tests see); it, the harness and the other
+  code ``ledger.KEYED_CODE`` names are in every ledger key.
+- ``checkouts``: the pool of worktrees runs check out into, in no key.
 - ``machine``: the machine a proof ran on, kept beside each row, in no key.
 - ``ledger``: ``patches/<base>/proof.json``, rows keyed by their inputs.
 - ``symptoms``: ``patches/<base>/symptoms.toml``, what each test shows
@@ -12,13 +14,47 @@
 - ``readonly``: ``make read-only``, the read-only tests without capabilities.
 - ``schedule``: the one scheduler their test runs share.
 - ``costs``: ``make costs``, where the ledgers' test-seconds go.
+- ``probe``: ``make rebase PROBE=1``, a fix's tests on a new release.
 
-``main`` is the entry the command line calls.
+Everything outside this package enters through the names below (an
+import-linter contract in pyproject.toml holds that); it imports the queue
+and environments packages only.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from forktools.proof import ledger, schedule, symptoms, verify
+from forktools.proof.checkouts import checkout
+from forktools.proof.ledger import FILE as LEDGER_FILE
+from forktools.proof.ledger import Proof
+from forktools.proof.probe import probe_tests
+from forktools.proof.runner import ASSERTIONS, HARNESS, Outcome, run_tests
+from forktools.proof.verify import AUDIT_MINUTES, current_proof, stale
 from forktools.queue.pins import Base, ForkError
+
+__all__ = [
+    "ASSERTIONS",
+    "AUDIT_MINUTES",
+    "COMMANDS",
+    "HARNESS",
+    "LEDGER_FILE",
+    "Outcome",
+    "Proof",
+    "checkout",
+    "current_proof",
+    "default_jobs",
+    "judge_without_fix",
+    "ledger_path",
+    "main",
+    "probe_tests",
+    "proved_here",
+    "recorded_environments",
+    "run_tests",
+    "stale",
+    "symptom_problems",
+]
 
 COMMANDS = ("verify", "hunks", "read-only", "costs")
 
@@ -26,8 +62,6 @@ COMMANDS = ("verify", "hunks", "read-only", "costs")
 def main(command: str, bases: list[Base], **options) -> int:
     """Run the proof ``command`` (one of COMMANDS) on ``bases``."""
     if command == "verify":
-        from forktools.proof import verify
-
         return verify.main(bases, **options)
     if command == "hunks":
         from forktools.proof import hunks
@@ -42,3 +76,33 @@ def main(command: str, bases: list[Base], **options) -> int:
 
         return costs.main(bases)
     raise ForkError(f"no proof command {command!r}; one of {', '.join(COMMANDS)}")
+
+
+def ledger_path(base: Base) -> Path:
+    return ledger.path(base)
+
+
+def proved_here(base: Base) -> str:
+    """How many of the base's rows were proved on a machine like this one."""
+    return ledger.proved_here(base)
+
+
+def recorded_environments(base: Base) -> dict[str, list[str]]:
+    """The environments the base's ledger records its rows ran in, by role."""
+    return ledger.load(base).environments
+
+
+def symptom_problems(base: Base) -> list[str]:
+    """Where the ledger's failures without a fix and the declared symptoms
+    (``patches/<base>/symptoms.toml``) disagree."""
+    return symptoms.ledger_problems(base)
+
+
+def judge_without_fix(base: Base, without: Outcome) -> list[str]:
+    """What is wrong with a run without a fix, judged against the base's
+    declared symptoms; empty when every failure is its test's symptom."""
+    return symptoms.problems(without, symptoms.load(base))
+
+
+def default_jobs() -> int:
+    return schedule.default_jobs()

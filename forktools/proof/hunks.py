@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forktools.environments import venv
-from forktools.proof import ledger, prove, schedule
-from forktools.proof.prove import Outcome
-from forktools.queue import git, materialize, series
+from forktools.proof import checkouts, ledger, runner, schedule
+from forktools.proof.runner import Outcome
+from forktools.queue import commits, git, materialize, series
 from forktools.queue.pins import Base, ForkError
 from forktools.queue.table import render
 
@@ -86,7 +86,7 @@ def split(diff: str) -> list[Hunk]:
 
 
 def source_hunks(tree: Path, commit: str) -> list[Hunk]:
-    sources = prove.changed_sources(tree, commit)
+    sources = commits.changed_sources(tree, commit)
     if not sources:
         return []
     diff = git.run(tree, "diff", f"{commit}^", commit, "--", *sources).stdout
@@ -96,7 +96,7 @@ def source_hunks(tree: Path, commit: str) -> list[Hunk]:
 def tree_without(tree: Path, hunk: Hunk) -> str:
     """The git tree of the whole queue with ``hunk`` alone reverted."""
     try:
-        return prove.tree_with_diff(tree, "HEAD", hunk.patch, reverse=True)
+        return commits.tree_with_diff(tree, "HEAD", hunk.patch, reverse=True)
     except ForkError as error:
         where = f"{hunk.where} does not revert alone on the whole queue"
         raise ForkError(f"{where}: {error}") from None
@@ -112,15 +112,15 @@ def main(bases: list[Base], patch: int | None = None) -> int:
         tree = materialize.ensure(base)
         materialize.refuse_if_unexported(tree, f"verify the hunks of {base.name}")
         python, engine = venv.ensure(base), venv.ensure_engine(base)
-        commits = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
-        entries = list(zip(series.entries(base), commits, strict=True))
+        commit_ids = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
+        entries = list(zip(series.entries(base), commit_ids, strict=True))
         if patch is not None:
             if not 1 <= patch <= len(entries):
                 raise ForkError(f"patches/{base.name} has no patch #{patch}")
             entries = [entries[patch - 1]]
         recorded = ledger.load(base).proofs
         for entry, commit in entries:
-            tests = prove.added_tests(tree, commit)
+            tests = commits.added_tests(tree, commit)
             hunks = source_hunks(tree, commit)
             proof = recorded.get(entry.name)
             estimate = proof.with_fix_seconds if proof else 0.0
@@ -146,8 +146,8 @@ def _runner(tree, tests, python, engine, label, need: Need) -> Callable[[], None
             need.problem = "the patch adds no tests"
             return
         try:
-            with prove.checkout(tree, tree_without(tree, need.hunk)) as worktree:
-                need.outcome = prove.run_tests(python, worktree, tests, engine, label)
+            with checkouts.checkout(tree, tree_without(tree, need.hunk)) as worktree:
+                need.outcome = runner.run_tests(python, worktree, tests, engine, label)
         except ForkError as error:
             need.problem = str(error)
 

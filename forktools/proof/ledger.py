@@ -5,13 +5,13 @@ inputs, so it is kept as data and proved again only when an input changes, the
 way a build cache keeps an action's result. One row per patch in ``series``,
 keyed by the digest of its inputs: the git tree of the whole queue (with the
 fix) and of the queue with the fix undone, the locked sets of the environments
-the tests ran in (read from ``locks/<base>/``), the content of the harness and
-of the proof code (``forktools/proof/prove.py``), the test functions run and the
-coarse platform (operating system and architecture). Its value is what was
-observed with and without the fix, case by case, when, in how many seconds,
-and on what machine (``machine.fingerprint``: data the audit and ``make check``
-read, not part of the key, so that a ledger holds on the next machine of the
-same kind).
+the tests ran in (each line of ``locks/<base>/`` with its sha256), the
+content of the harness and of the code that shapes a run (``KEYED_CODE``),
+the test functions run and the coarse platform (operating system and
+architecture). Its value is what was observed with and without the fix, case
+by case, when, in how many seconds, and on what machine
+(``machine.fingerprint``: data the audit and ``make check`` read, not part of
+the key, so that a ledger holds on the next machine of the same kind).
 
 The key digests the inputs' values in their order, not the names the file
 gives them: renaming a field proves nothing again.
@@ -20,18 +20,36 @@ gives them: renaming a field proves nothing again.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
+import platform
 from collections.abc import Iterable
 from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 
-from forktools.proof import machine, prove
-from forktools.proof.prove import Outcome
-from forktools.queue import git, materialize, series
+from forktools.environments import lockfiles, venv
+from forktools.proof import machine, runner
+from forktools.proof.runner import Outcome
+from forktools.queue import commits, git, materialize, series
 from forktools.queue.pins import Base, ForkError
 
 FILE = "proof.json"
 KEY_SHOWN = 12
+# The code that shapes a checkout or a run, wherever it lives: the run
+# itself, what a checkout links and removes, how an environment is filled
+# from its lock. Its source (a value's repr) is in every key; the rest of
+# each module can change without proving anything again.
+KEYED_CODE = (
+    runner,
+    materialize.TEST_BY_PRODUCTS,
+    materialize.VERSION_FILE,
+    materialize.wheel_files,
+    venv.install_commands,
+    venv.engine_install_commands,
+    venv.kernels_engine_commands,
+    venv._LAYER_OVER,
+    lockfiles.install_command,
+)
 
 
 def digest(values: Iterable) -> str:
@@ -47,7 +65,7 @@ class Inputs:
     tree_without_fix: str
     environment: str
     harness: str
-    verify: str
+    code: str
     tests: tuple[str, ...]
     platform: str
 
@@ -62,7 +80,7 @@ class Inputs:
             "tree_without_fix": "the tree without the fix",
             "environment": "the locked environments (locks/<base>/)",
             "harness": "forktools/engine/harness/",
-            "verify": "forktools/proof/prove.py",
+            "code": "the code that shapes a run (ledger.KEYED_CODE)",
             "tests": "the tests run",
             "platform": "the platform (operating system, architecture)",
         }
@@ -111,6 +129,9 @@ class Proof:
         inputs = dict(data["inputs"])
         inputs["tests"] = tuple(inputs["tests"])
         inputs.setdefault("platform", "")  # a row from before platforms were keyed
+        inputs.setdefault(
+            "code", inputs.pop("verify", "")
+        )  # one from before KEYED_CODE
         return cls(
             data["patch"],
             Inputs(**inputs),
@@ -190,8 +211,10 @@ def save(base: Base, ledger: Ledger) -> Path:
 
 
 def environment_digest(base: Base, environments: dict[str, list[str]]) -> str:
-    """The locked sets, and the pinned wheels whose compiled files the fork
-    tree links (they are not in its git tree)."""
+    """The locked sets, each lock line with the sha256 of its file (a re-lock
+    to other files of the same versions is another environment), and the
+    pinned wheels whose compiled files the fork tree links (they are not in
+    its git tree)."""
     wheel = base.wheel_for_this_machine()
     parts = [f"wheel {wheel.file} {wheel.sha256}"]
     engine = base.engine_wheel_for_this_machine()
@@ -199,7 +222,44 @@ def environment_digest(base: Base, environments: dict[str, list[str]]) -> str:
         parts.append(f"engine wheel {engine.file} {engine.sha256}")
     for role in sorted(environments):
         parts += [f"[{role}]", *environments[role]]
+        pinned = venv.lock_of(base, role).pinned
+        parts += [f"{p.line} sha256:{p.sha256}" for p in pinned]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def content_digest(path: Path) -> str:
+    """sha256 of a file's bytes, or of the ``*.py`` files of a folder, each
+    with its name."""
+    digest = hashlib.sha256()
+    for file in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+        digest.update(f"{file.name}\0".encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def code_digest() -> str:
+    """sha256 of ``KEYED_CODE``: each module's file, each function's source,
+    each value's repr (a set's sorted)."""
+    digest = hashlib.sha256()
+    for code in KEYED_CODE:
+        if inspect.ismodule(code) or inspect.isfunction(code):
+            text = inspect.getsource(code)
+        else:
+            text = repr(sorted(code) if isinstance(code, frozenset) else code)
+        digest.update(f"{text}\0".encode())
+    return digest.hexdigest()
+
+
+def code_digests() -> dict[str, str]:
+    """The code's part of every key: the harness and ``KEYED_CODE``."""
+    return {"harness": content_digest(runner.HARNESS), "code": code_digest()}
+
+
+def coarse_platform() -> str:
+    """The part of the machine in every key: operating system and machine
+    architecture (the Python build is in the locked sets), so a ledger holds
+    on the next machine of the same kind."""
+    return f"{platform.system()} {platform.machine()}"
 
 
 @dataclass
@@ -217,20 +277,20 @@ class Subject:
             tree_with_fix,
             self.tree_without_fix,
             environment,
-            **prove.code_digests(),
+            **code_digests(),
             tests=tuple(self.tests),
-            platform=prove.coarse_platform(),
+            platform=coarse_platform(),
         )
 
 
 def subjects(base: Base, tree: Path) -> list[Subject | ForkError]:
     """Each patch of the queue in the fork tree, or why it cannot be proved."""
-    commits = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
+    commit_ids = git.out(tree, "rev-list", "--reverse", "base..HEAD").split()
     found: list[Subject | ForkError] = []
-    for entry, commit in zip(series.entries(base), commits, strict=True):
-        tests = prove.added_tests(tree, commit)
+    for entry, commit in zip(series.entries(base), commit_ids, strict=True):
+        tests = commits.added_tests(tree, commit)
         try:
-            without, how = prove.tree_without_fix(base, entry, tree, commit)
+            without, how = commits.tree_without_fix(base, entry, tree, commit)
         except ForkError as error:
             found.append(error)
             continue

@@ -8,10 +8,14 @@ another CPU count or user) without one.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import platform
+import re
+import subprocess
+from pathlib import Path
 
-from forktools.proof import prove
 from forktools.queue.pins import ForkError
 
 FORCED = "VLLM_FORK_MACHINE"
@@ -28,9 +32,12 @@ WHAT_DIFFERS = {
 
 
 def fingerprint() -> dict[str, object]:
-    """This machine as ``prove.fingerprint`` reads it, with the fields
+    """What of the machine a proof ran on may change an observation, kept as
+    data beside each row: who ran it (root with capabilities takes other code
+    paths in the read-only tests), the CPUs and the flags that pick kernels,
+    the C++ compiler Inductor calls, the kernel release; with the fields
     ``VLLM_FORK_MACHINE`` forces."""
-    return {**prove.fingerprint(), **forced()}
+    return {**_machine(), **forced()}
 
 
 def forced() -> dict[str, object]:
@@ -57,3 +64,46 @@ def differences(recorded: dict, here: dict) -> list[str]:
         for name in sorted(set(recorded) | set(here))
         if recorded.get(name) != here.get(name)
     ]
+
+
+KERNEL_FLAGS = ("avx512", "amx")
+
+
+@functools.cache
+def _machine() -> dict[str, object]:
+    return {
+        "uid": os.getuid(),
+        "capabilities": _effective_capabilities() != 0,
+        "cpus": os.cpu_count() or 0,
+        "cpu_flags": _kernel_flags(),
+        "cxx": _compiler_version(),
+        "kernel": platform.release(),
+    }
+
+
+def _effective_capabilities() -> int:
+    status = Path("/proc/self/status")
+    text = status.read_text() if status.exists() else ""
+    found = re.search(r"^CapEff:\s*([0-9a-f]+)", text, re.MULTILINE)
+    return int(found.group(1), 16) if found else 0
+
+
+def _kernel_flags() -> list[str]:
+    """The CPU flags that pick vector kernels: avx2, avx512*, amx*."""
+    cpuinfo = Path("/proc/cpuinfo")
+    text = cpuinfo.read_text() if cpuinfo.exists() else ""
+    found = re.search(r"^flags\s*:(.*)$", text, re.MULTILINE)
+    flags = found.group(1).split() if found else []
+    return sorted(f for f in set(flags) if f == "avx2" or f.startswith(KERNEL_FLAGS))
+
+
+def _compiler_version() -> str:
+    """The first line of ``g++ --version``: the compiler Inductor calls
+    when the tests see no CXX."""
+    try:
+        result = subprocess.run(
+            ["g++", "--version"], capture_output=True, text=True, check=False
+        )
+    except OSError:
+        return "none"
+    return result.stdout.partition("\n")[0].strip() or "none"

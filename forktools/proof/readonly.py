@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from forktools.environments import venv
-from forktools.proof import ledger, prove, schedule, verify
-from forktools.queue import git, materialize
+from forktools.proof import checkouts, ledger, runner, schedule, verify
+from forktools.queue import commits, git, materialize
 from forktools.queue.pins import Base, ForkError
 
 READ_ONLY = "test_read_only"
@@ -38,12 +38,14 @@ DROP_CAPABILITIES = ("setpriv", "--inh-caps=-all", "--bounding-set=-all", "--")
 def read_only_tests(tree: Path) -> list[str]:
     """The read-only tests among those the queue's commits add, which are
     the tests ``make verify`` runs."""
-    commits = git.out(tree, "rev-list", "base..HEAD").split()
-    added = [nodeid for commit in commits for nodeid in prove.added_tests(tree, commit)]
+    commit_ids = git.out(tree, "rev-list", "base..HEAD").split()
+    added = [
+        nodeid for commit in commit_ids for nodeid in commits.added_tests(tree, commit)
+    ]
     return sorted({n for n in added if n.partition("::")[2].startswith(READ_ONLY)})
 
 
-def problems(nodeids: list[str], outcome: prove.Outcome) -> list[str]:
+def problems(nodeids: list[str], outcome: runner.Outcome) -> list[str]:
     """Each read-only test that did not run and pass, every case of it."""
     calls = sorted(outcome.calls.items())
     found = [f"{nodeid}: {result}" for nodeid, result in calls if result != "passed"]
@@ -56,12 +58,12 @@ def inputs(base: Base, tree: Path, nodeids: list[str]) -> dict:
     """What a run without capabilities depends on, as a ledger row's key."""
     environment = ledger.environment_digest(base, venv.environments(base))
     return {
-        "tree_with_fix": prove.tree_with_fix(tree),
+        "tree_with_fix": commits.tree_with_fix(tree),
         "environment": environment,
-        **prove.code_digests(),
-        "read_only": prove.content_digest(Path(__file__).resolve()),
+        **ledger.code_digests(),
+        "read_only": ledger.content_digest(Path(__file__).resolve()),
         "tests": nodeids,
-        "platform": prove.coarse_platform(),
+        "platform": ledger.coarse_platform(),
     }
 
 
@@ -73,7 +75,7 @@ def recorded(base: Base) -> dict:
         return {}  # run again; a passing run writes it anew
 
 
-def _record(base: Base, inputs: dict, outcome: prove.Outcome, seconds: float) -> None:
+def _record(base: Base, inputs: dict, outcome: runner.Outcome, seconds: float) -> None:
     record = {
         "key": ledger.digest(inputs.values()),
         "inputs": inputs,
@@ -165,8 +167,8 @@ def _run(base: Base, tree: Path, nodeids: list[str], now: dict, tmp: Path) -> st
     python = _python_without_capabilities(venv.ensure(base), folder)
     label = f"{base.name} read-only, no capabilities"
     started = time.monotonic()
-    with prove.checkout(tree) as worktree:
-        outcome = prove.run_tests(python, worktree, nodeids, label=label)
+    with checkouts.checkout(tree) as worktree:
+        outcome = runner.run_tests(python, worktree, nodeids, label=label)
     found = problems(nodeids, outcome)
     for problem in found:
         print(f"read-only: {base.name}: {problem}", file=sys.stderr, flush=True)

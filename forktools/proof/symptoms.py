@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, fields
 
-from forktools.proof.prove import Outcome
+from forktools.proof import ledger
+from forktools.proof.runner import Outcome
 from forktools.queue import pins
 from forktools.queue.pins import Base, ForkError
 
@@ -132,3 +133,28 @@ def summary(without: Outcome, declared: Declared) -> str:
     matched = len({function_of(n) for n in without.failures})
     spared = len(functions) - matched
     return f"{matched} matched" + (f", {spared} no-regression" if spared else "")
+
+
+def ledger_problems(base: Base) -> list[str]:
+    """Each failure the ledger records without a fix is its test's declared
+    symptom, judged as ``make verify`` judges it; each declaration names a
+    test that a patch runs."""
+    try:
+        declared = load(base)
+    except ForkError as e:
+        return [str(e)]
+    proofs = ledger.load(base).proofs
+    found = [
+        f"{declared.path}: {patch}: {problem}"
+        for patch, proof in sorted(proofs.items())
+        for problem in problems(proof.without_fix, declared)
+    ]
+    if proofs:
+        nodeids = {n for proof in proofs.values() for n in proof.without_fix.calls}
+        run = nodeids | {function_of(nodeid) for nodeid in nodeids}
+        found += [
+            f"{declared.path}: declares {test}, which no patch's tests run; "
+            "remove it or correct its name"
+            for test in sorted(set(declared.symptoms) - run)
+        ]
+    return found

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from forktools.environments import venv
-from forktools.proof import ledger, machine, prove, schedule, symptoms
+from forktools.proof import checkouts, ledger, machine, runner, schedule, symptoms
 from forktools.proof.ledger import Ledger, Proof, Subject
-from forktools.proof.prove import Outcome, variant_of
-from forktools.queue import check, git, materialize, pins, series
+from forktools.proof.runner import Outcome, variant_of
+from forktools.queue import check, commits, git, materialize, pins, series
 from forktools.queue.pins import Base, ForkError
 from forktools.queue.table import render
 
@@ -132,7 +132,7 @@ def prepare(base: Base, fresh: bool) -> BaseRun:
     run = BaseRun(
         base,
         tree,
-        prove.tree_with_fix(tree),
+        commits.tree_with_fix(tree),
         environments,
         ledger.load(base),
         symptoms.load(base),
@@ -474,8 +474,8 @@ def _run(
     """The row's tests in a checkout of ``tree_id`` (default: the whole
     queue), and the seconds they took."""
     started = time.monotonic()
-    with prove.checkout(run.tree, tree_id) as worktree:
-        outcome = prove.run_tests(
+    with checkouts.checkout(run.tree, tree_id) as worktree:
+        outcome = runner.run_tests(
             run.python,
             worktree,
             planned.subject.tests,

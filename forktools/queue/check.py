@@ -10,8 +10,10 @@ from forktools.queue.pins import Base, ForkError
 
 
 def problems(base: Base) -> list[str]:
-    """Every way in which the base's tree and queue disagree; empty if none."""
-    return export_problems(base) + rebased_from_current(base) + declared_symptoms(base)
+    """Every way in which the base's tree and queue disagree; empty if none.
+    The symptoms a ledger records are the proof's to judge
+    (``proof.symptom_problems``)."""
+    return export_problems(base) + rebased_from_current(base)
 
 
 def export_problems(base: Base) -> list[str]:
@@ -36,33 +38,6 @@ def export_problems(base: Base) -> list[str]:
     found += _applies_alone(base, tree)
     found += _fixes_apply_in_order(base, tree)
     found += _without_fix_diffs(base)
-    return found
-
-
-def declared_symptoms(base: Base) -> list[str]:
-    """Each failure the ledger records without a fix is its test's declared
-    symptom, judged as ``make verify`` judges it; each declaration names a
-    test that a patch runs."""
-    from forktools.proof import ledger, symptoms
-
-    try:
-        declared = symptoms.load(base)
-    except ForkError as e:
-        return [str(e)]
-    proofs = ledger.load(base).proofs
-    found = [
-        f"{declared.path}: {patch}: {problem}"
-        for patch, proof in sorted(proofs.items())
-        for problem in symptoms.problems(proof.without_fix, declared)
-    ]
-    if proofs:
-        nodeids = {n for proof in proofs.values() for n in proof.without_fix.calls}
-        run = nodeids | {symptoms.function_of(nodeid) for nodeid in nodeids}
-        found += [
-            f"{declared.path}: declares {test}, which no patch's tests run; "
-            "remove it or correct its name"
-            for test in sorted(set(declared.symptoms) - run)
-        ]
     return found
 
 

@@ -9,9 +9,10 @@
    with a real merge base.
 3. Replay the previous queue patch by patch and classify each: applied as
    is, refreshed (context moved), conflict (left in the tree to resolve), or
-   already upstream and dropped, with the evidence. With ``probe_tests``, a
-   fix's own tests also run on the new release without it first: when they
-   all pass, upstream fixed the bug its own way and the patch is dropped.
+   already upstream and dropped, with the evidence. With ``probe`` (the
+   proof's ``probe_tests``), a fix's own tests also run on the new release
+   without it first: when they all pass, upstream fixed the bug its own way
+   and the patch is dropped.
 4. Write ``patches/<new>/``: the series and patches, and the report in
    ``REBASE.md`` and ``rebase.json``.
 
@@ -25,13 +26,11 @@ import json
 import re
 import shutil
 import sys
-import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from forktools.environments import venv
-from forktools.proof import prove
-from forktools.queue import download, git, materialize, pins, series
+from forktools.queue import commits, download, git, materialize, pins, series
 from forktools.queue.pins import Artifact, Base, ForkError
 from forktools.queue.rebase_report import (
     REPORT_JSON,
@@ -60,6 +59,8 @@ _SCOPE = re.compile(r"^\s*(?:async\s+def|def|class)\s+(\w+)")
 
 @dataclass
 class Result:
+    """A patch of the previous queue replayed on the new release."""
+
     patch: str
     commit: str
     outcome: str = "pending"
@@ -70,7 +71,10 @@ class Result:
 # --- entry point -----------------------------------------------------------
 
 
-def rebase(version: str, probe_tests: bool = False, ported: bool = False) -> Path:
+Probe = Callable[[Base, Path, Result], None]
+
+
+def rebase(version: str, probe: Probe | None = None, ported: bool = False) -> Path:
     """Rebase onto ``version``; returns the report. Idempotent once finished.
 
     With ``ported``, a finished rebase whose source queue changed since records
@@ -94,7 +98,7 @@ def rebase(version: str, probe_tests: bool = False, ported: bool = False) -> Pat
         _refuse_existing_queue(target)
         build_tree(source, target)
         results = _previous_commits(tree, source)
-    return _replay(source, target, tree, results, probe_tests)
+    return _replay(source, target, tree, results, probe)
 
 
 def is_complete(report: Path) -> bool:
@@ -246,11 +250,11 @@ def _remove(path: Path) -> None:
 
 def _previous_commits(tree: Path, source: Base) -> list[Result]:
     """One pending result per previous patch, with its commit in ``tree``."""
-    commits = git.out(tree, "rev-list", "--reverse", f"previous-base..{PREVIOUS}")
+    commit_ids = git.out(tree, "rev-list", "--reverse", f"previous-base..{PREVIOUS}")
     entries = series.entries(source)
     return [
         Result(entry.name, commit)
-        for entry, commit in zip(entries, commits.split(), strict=True)
+        for entry, commit in zip(entries, commit_ids.split(), strict=True)
     ]
 
 
@@ -293,12 +297,12 @@ def _resume(tree: Path, results: list[Result]) -> list[Result]:
 
 
 def _replay(
-    source: Base, target: Base, tree: Path, results: list[Result], probe_tests: bool
+    source: Base, target: Base, tree: Path, results: list[Result], probe: Probe | None
 ) -> Path:
     for result in results:
         if result.outcome != "pending":
             continue
-        _replay_one(source, target, tree, result, probe_tests)
+        _replay_one(source, target, tree, result, probe)
         _write_state(tree, source, results)
         if result.outcome == "conflict":
             return _write_report(source, target, results, complete=False)
@@ -308,7 +312,7 @@ def _replay(
 
 
 def _replay_one(
-    source: Base, target: Base, tree: Path, result: Result, probe_tests: bool
+    source: Base, target: Base, tree: Path, result: Result, probe: Probe | None
 ) -> None:
     print(f"rebase: {result.patch}", file=sys.stderr, flush=True)
     patch = source.patch_dir / result.patch
@@ -319,8 +323,8 @@ def _replay_one(
             "already holds every hunk"
         ]
         return
-    if probe_tests and _is_fix(source, tree, result):
-        _probe_tests(target, tree, result)
+    if probe and _is_fix(source, tree, result):
+        probe(target, tree, result)
         if result.outcome == "upstream":
             return
     probed, result.evidence = result.evidence, []
@@ -348,91 +352,8 @@ def _pick(target: Base, tree: Path, result: Result) -> None:
 
 def _is_fix(source: Base, tree: Path, result: Result) -> bool:
     """Whether the patch changes sources, not only tests (which a probe needs)."""
-    test_only = prove.without_fix_diff(source, result.patch).exists()
-    return bool(prove.changed_sources(tree, result.commit)) and not test_only
-
-
-def _probe_tests(target: Base, tree: Path, result: Result) -> None:
-    """Run the fix's tests on the new release without the fix (its test hunks
-    only, on the queue replayed so far). All passing means upstream fixed it."""
-    nodeids = prove.added_tests(tree, result.commit)
-    if not nodeids:
-        result.evidence.append("adds no test functions: tests not probed")
-        return
-    diff = ("diff", f"{result.commit}^", result.commit, "--", "tests")
-    tests = git.run(tree, *diff).stdout
-    python = venv.ensure(target)
-    with prove.checkout(tree) as worktree:
-        problem = _apply_tests(worktree, tests, result)
-        if problem:
-            result.evidence.append(
-                f"its tests do not apply on {target.version} without it: not "
-                f"probed ({problem})"
-            )
-            return
-        print(f"rebase: {result.patch}: its tests without it", file=sys.stderr)
-        outcome = prove.run_tests(python, worktree, nodeids)
-    counts = f"{outcome.passed} passed, {outcome.failed} failed of {len(nodeids)}"
-    other = sorted(outcome.failure_types - prove.ASSERTIONS)
-    if other or outcome.errors or not outcome.passed + outcome.failed:
-        problems = [f"failed with {', '.join(other)}"] if other else []
-        result.evidence.append(
-            f"its tests without it on {target.version} ({counts}) did not run as "
-            f"written, so they prove nothing: {'; '.join(problems + outcome.errors)}"
-        )
-    elif outcome.failed:
-        result.evidence.append(
-            f"its tests without it on {target.version}: {counts}, on assertions: "
-            "still needed"
-        )
-    else:
-        result.outcome = "upstream"
-        result.evidence[:0] = [
-            f"its tests pass on {target.version} without it ({counts}): upstream "
-            "fixed the bug its own way",
-            f"its tests are not upstream ({', '.join(sorted(nodeids))}): to keep "
-            "them, carry them as a Test-only patch with a verify/*.without-fix.diff",
-        ]
-
-
-def _apply_tests(worktree: Path, tests: str, result: Result) -> str:
-    """Apply the test hunks; where they conflict with tests upstream added in
-    the same place, keep both sides (a union merge). Returns what went wrong."""
-    applied = git.run(worktree, "apply", "-3", "-", input=tests, check=False)
-    if applied.returncode == 0:
-        return ""
-    unmerged = git.out(worktree, "diff", "--name-only", "--diff-filter=U").split()
-    if not unmerged:
-        return applied.stderr.strip().splitlines()[-1]
-    for path in unmerged:
-        if not _union_merge(worktree, path):
-            return f"{path} conflicts and has no common ancestor to merge from"
-    result.evidence.append(
-        f"its test hunks conflict with upstream's tests in {', '.join(unmerged)}; "
-        "probed with both kept (union merge)"
-    )
-    return ""
-
-
-def _union_merge(worktree: Path, path: str) -> bool:
-    staged = git.out(worktree, "ls-files", "--unmerged", "--", path).splitlines()
-    blobs = {line.split()[2]: line.split()[1] for line in staged}
-    if set(blobs) != {"1", "2", "3"}:
-        return False
-    with tempfile.TemporaryDirectory() as tmp:
-        versions = []
-        for stage in ("2", "1", "3"):  # ours, base, theirs
-            version = Path(tmp, stage)
-            version.write_text(
-                git.run(worktree, "cat-file", "blob", blobs[stage]).stdout
-            )
-            versions.append(str(version))
-        merged = git.run(
-            worktree, "merge-file", "-p", "--union", *versions, check=False
-        )
-    (worktree / path).write_text(merged.stdout)
-    git.run(worktree, "add", "--", path)
-    return True
+    test_only = commits.without_fix_diff(source, result.patch).exists()
+    return bool(commits.changed_sources(tree, result.commit)) and not test_only
 
 
 def _classify_pick(tree: Path, target: Base, result: Result) -> None:
@@ -542,10 +463,10 @@ def _finish(source: Base, target: Base, tree: Path, results: list[Result]) -> No
 
 def _carry_verify_diff(source: Base, target: Base, tree: Path, result: Result) -> None:
     """Bring a test-only patch's without-fix diff along, and check it applies."""
-    old = prove.without_fix_diff(source, result.patch)
+    old = commits.without_fix_diff(source, result.patch)
     if not old.exists():
         return
-    new = prove.without_fix_diff(target, result.new_patch)
+    new = commits.without_fix_diff(target, result.new_patch)
     new.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(old, new)
     if git.apply_check(tree, "HEAD", new).returncode == 0:

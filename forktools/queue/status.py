@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from forktools.queue import git, materialize, pins, series, upstream
 from forktools.queue.pins import Base
 from forktools.queue.table import render
-from forktools.shipping import wheel
 
 HEADER = ("base", "#", "patch", "subject", "upstream status", "newer releases")
 
@@ -196,7 +196,16 @@ def _cut(text: str, room: int) -> str:
     return text if len(text) <= room else text[: room - 1].rstrip() + "…"
 
 
-def main(bases: list[Base], fetch: bool = False, wide: bool = True) -> int:
+def main(
+    bases: list[Base],
+    fetch: bool = False,
+    wide: bool = True,
+    lock_moves: Callable[[Base], list[str]] | None = None,
+    wheel_lines: Callable[[list[Base], bool], list[str]] | None = None,
+) -> int:
+    """The status table; with ``fetch``, the newer releases the index offers
+    and each lock's moves (``lock_moves``, ``make lock``'s); then the
+    selected base and the fork wheels built (``wheel_lines``)."""
     pinned = pins.load()
     if wide:
         print(render(rows(bases, pinned, fetch)))
@@ -204,39 +213,17 @@ def main(bases: list[Base], fetch: bool = False, wide: bool = True) -> int:
         print("\n\n".join(narrow(base, pinned, fetch) for base in bases))
         print("make status WIDE=1: every base, with the full upstream status")
     if fetch:
-        from forktools.environments import relock
-
         print(newer_release_line(pinned))
         for base in bases:
-            for line in relock.moves(base):
+            for line in lock_moves(base) if lock_moves else []:
                 print(f"lock: {line}")
     current = materialize.selected()
     if current:
         selected = pinned.get(current)
         print(f"\nselected: {current} ({materialize.version(selected)})")
-    for line in wheel_lines(bases, wide):
+    for line in wheel_lines(bases, wide) if wheel_lines else []:
         print(line)
     return 0
-
-
-def wheel_lines(bases: list[Base], wide: bool = True) -> list[str]:
-    """One line per fork wheel in dist/ (``wide``: its sha256 and the
-    upstream wheel's)."""
-    lines = []
-    for base in bases:
-        for built in wheel.manifests(base):
-            upstream_wheel = built["upstream_wheel"]
-            stale = built["queue"]["id"] != series.queue_id(base)
-            line = f"wheel: dist/{built['wheel']}"
-            if wide:
-                line += (
-                    f" sha256 {built['sha256']}, from {upstream_wheel['file']} "
-                    f"sha256 {upstream_wheel['sha256']}"
-                )
-            lines.append(
-                line + (" (stale: the queue changed; run make wheel)" if stale else "")
-            )
-    return lines
 
 
 def newer_release_line(pinned: pins.Pins) -> str:

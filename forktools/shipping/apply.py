@@ -34,8 +34,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from forktools.proof import prove, symptoms
-from forktools.queue import materialize, pins, series
+from forktools import proof
+from forktools.queue import commits, materialize, pins, series
 from forktools.queue.pins import Base, ForkError
 from forktools.shipping import user_checkout
 from forktools.shipping.user_checkout import git_in
@@ -313,7 +313,7 @@ def _prove(fix: Fix, base: Base, checkout: Path, commit: str, python: Path) -> N
     tests pass without it is taken off again. They run in the checkout
     itself: its build's files (compiled extensions, ``_version.py``) are not
     in git."""
-    tests = prove.added_tests(checkout, commit)
+    tests = commits.added_tests(checkout, commit)
     if not tests:
         fix.proof = "not proved: the patch adds no test"
         return
@@ -332,7 +332,7 @@ def _prove(fix: Fix, base: Base, checkout: Path, commit: str, python: Path) -> N
         without = _run(checkout, python, tests, "without")
     finally:
         git_in(checkout, "checkout", "--quiet", "HEAD", "--", "vllm", check=True)
-    problems = symptoms.problems(without, symptoms.load(base))
+    problems = proof.judge_without_fix(base, without)
     if with_fix.failed or with_fix.errors:
         fix.proof = f"NOT proved: with it, {with_fix.failed} of {with_fix.total} failed"
     elif not without.failed and not without.errors:
@@ -356,13 +356,13 @@ def _take_off(checkout: Path, commit: str) -> str:
     return "left off"
 
 
-def _run(checkout: Path, python: Path, tests: list[str], half: str) -> prove.Outcome:
+def _run(checkout: Path, python: Path, tests: list[str], half: str) -> proof.Outcome:
     with tempfile.TemporaryDirectory() as tmp:
         plugin = Path(tmp)
-        report_plugin = prove.HARNESS / "vllm_fork_report.py"
+        report_plugin = proof.HARNESS / "vllm_fork_report.py"
         (plugin / report_plugin.name).write_bytes(report_plugin.read_bytes())
         print(f"apply: {half} the fix: {len(tests)} test(s)", file=sys.stderr)
-        return prove.run_tests(
+        return proof.run_tests(
             python, checkout, tests, label=f"apply {half}", harness=plugin
         )
 

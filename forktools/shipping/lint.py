@@ -9,6 +9,7 @@ header.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -39,7 +40,25 @@ def _ruff(cwd: Path, config: Path, files: list[str], version: str) -> list[str]:
 
 
 def our_code() -> list[str]:
-    return _ruff(ROOT, ROOT / "pyproject.toml", OUR_CODE, tools.RUFF)
+    return _ruff(ROOT, ROOT / "pyproject.toml", OUR_CODE, tools.RUFF) + layering()
+
+
+def layering(root: Path = ROOT) -> list[str]:
+    """import-linter's contracts in ``root``'s pyproject.toml: each package
+    of forktools/ imports only those below it, the proof only through its
+    ``__init__`` (docs/layout.md)."""
+    lint_imports = tools.installed(tools.IMPORT_LINTER).with_name("lint-imports")
+    result = subprocess.run(
+        [str(lint_imports), "--config", str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode == 0:
+        return []
+    broken = result.stdout.partition("Broken contracts")[2].strip("-\n ")
+    return [f"import-linter in {root} (docs/layout.md):\n{broken or result.stdout}"]
 
 
 def queue_problems(base: Base) -> list[str]:

@@ -20,11 +20,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from forktools import proof
 from forktools.environments import venv
-from forktools.proof import ledger, prove, verify
-from forktools.proof.ledger import Proof
-from forktools.proof.prove import Outcome
-from forktools.queue import git, materialize, pins, series, upstream
+from forktools.proof import Outcome, Proof
+from forktools.queue import commits, git, materialize, pins, series, upstream
 from forktools.queue.pins import Base, ForkError
 from forktools.shipping import user_checkout
 from forktools.shipping.user_checkout import git_in
@@ -113,7 +112,7 @@ def body(base: Base, number: int, alone: Alone | None = None) -> str:
     the patch alone on the pristine release (``alone``), and the fork's proof
     ledger row (a note to run ``make verify`` where it has none)."""
     entry = _entry(base, number)
-    return _body(base, entry, verify.current_proof(base, entry.name), alone)
+    return _body(base, entry, proof.current_proof(base, entry.name), alone)
 
 
 def _body(
@@ -215,7 +214,7 @@ def _result(base: Base, row: Proof) -> str:
             f"The fork's evidence, on vLLM {base.version} (CPU) with its whole "
             "patch queue applied and its CPU harness (stand-in schemas for the "
             "CUDA ops), as recorded in its proof ledger "
-            f"(`patches/{base.name}/{ledger.FILE}`, key `{row.key}`, "
+            f"(`patches/{base.name}/{proof.LEDGER_FILE}`, key `{row.key}`, "
             f"proved {row.proved}):",
             "",
             f"- with the fix: {with_fix.passed}/{with_fix.total} passed",
@@ -299,7 +298,7 @@ def _failures(outcome: Outcome) -> list[str]:
 def run_alone(base: Base, tree: Path, commit: str) -> Alone:
     """Run the tests ``commit`` (the patch on ``base``) adds on the pristine
     release with the patch, then with only its test files."""
-    tests = prove.added_tests(tree, commit)
+    tests = commits.added_tests(tree, commit)
     if not tests:
         return Alone(Outcome(), Outcome())
     with_fix = git.out(tree, "rev-parse", f"{commit}^{{tree}}")
@@ -314,7 +313,7 @@ def run_alone(base: Base, tree: Path, commit: str) -> Alone:
 def _tree_of_tests(tree: Path, commit: str) -> str:
     """The git tree of ``base`` with only the test files of ``commit``."""
     diff = git.run(tree, "diff", "base", commit, "--", "tests").stdout
-    return prove.tree_with_diff(tree, "base", diff)
+    return commits.tree_with_diff(tree, "base", diff)
 
 
 def _run_plain(
@@ -324,11 +323,11 @@ def _run_plain(
     alone on the path: only the report plugin is added, from a directory of
     its own, not the harness with its ``sitecustomize``."""
     print(f"pr: running {len(tests)} test(s) {label}", file=sys.stderr)
-    with tempfile.TemporaryDirectory() as tmp, prove.checkout(tree, tree_id) as path:
+    with tempfile.TemporaryDirectory() as tmp, proof.checkout(tree, tree_id) as path:
         plugin = Path(tmp) / "plugin"
         plugin.mkdir()
-        shutil.copy(prove.HARNESS / f"{REPORT_PLUGIN}.py", plugin)
-        return prove.run_tests(python, path, tests, label=f"pr {label}", harness=plugin)
+        shutil.copy(proof.HARNESS / f"{REPORT_PLUGIN}.py", plugin)
+        return proof.run_tests(python, path, tests, label=f"pr {label}", harness=plugin)
 
 
 def prepare(
@@ -353,13 +352,13 @@ def prepare(
         old.unlink()
     written = git.out(tree, *series.FORMAT_PATCH, "-o", str(directory), "-1", commit)
     patch = Path(written)
-    proof = verify.current_proof(base, entry.name)
+    row = proof.current_proof(base, entry.name)
     # A conflict in the user's checkout stops before minutes of tests.
     shown = f"patches/{base.name}/{entry.name}"
     started = apply_onto(tree, patch, onto, shown) if onto else None
     alone = run_alone(base, tree, commit)
     applied = run_onto(tree, commit, started, python) if started else None
-    (directory / "PR.md").write_text(_body(base, entry, proof, alone, applied))
+    (directory / "PR.md").write_text(_body(base, entry, row, alone, applied))
     return Submission(
         directory=directory,
         patch=patch,
@@ -367,7 +366,7 @@ def prepare(
         branch=branch,
         tree=tree,
         signed_off_by=who,
-        verified=proof is not None,
+        verified=row is not None,
         newest=applies_to_newest(base, patch),
         alone=(
             f"with the patch {_summary(alone.with_fix, 'passed')}; its tests "
@@ -600,15 +599,15 @@ def run_onto(tree: Path, commit: str, started: Started, python: Path | None) -> 
     it, with ``python``, and the checkout's own pre-commit checks on what
     it changes."""
     checkout, branch = started.checkout, started.branch
-    tests = prove.added_tests(tree, commit)
+    tests = commits.added_tests(tree, commit)
     outcome = None
     if python is not None and tests:
         with tempfile.TemporaryDirectory() as tmp:
             plugin = Path(tmp) / "plugin"
             plugin.mkdir()
-            shutil.copy(prove.HARNESS / f"{REPORT_PLUGIN}.py", plugin)
+            shutil.copy(proof.HARNESS / f"{REPORT_PLUGIN}.py", plugin)
             print(f"pr: running {len(tests)} test(s) in {checkout}", file=sys.stderr)
-            outcome = prove.run_tests(
+            outcome = proof.run_tests(
                 python, checkout, tests, label="pr onto", harness=plugin
             )
     elif python is not None:

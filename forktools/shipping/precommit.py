@@ -480,3 +480,27 @@ def _lay(source: Path, target: Path) -> None:
     if source.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
+
+
+def tool_environments(bases: list[Base]) -> dict[str, tuple[list[str], bool]]:
+    """The tool environments each base's upstream lint hooks install, for
+    ``make lock``: by name, their requirements, and False (an environment,
+    not a ``--target`` folder)."""
+    found = {}
+    for base in bases:
+        hooks_of_base = hooks(base)
+        for tool in filter(None, (hooks_of_base.ruff, hooks_of_base.typos)):
+            found[tools.environment_name(tool)] = ([tool], False)
+        if hooks_of_base.mypy:
+            mypy, *packages = mypy_requirements(hooks_of_base)
+            found[tools.environment_name(mypy, tuple(packages))] = (
+                [mypy, *packages],
+                False,
+            )
+        for hook in hooks_of_base.local:
+            if hook.packages:
+                found[tools.environment_name("", hook.packages)] = (
+                    list(hook.packages),
+                    False,
+                )
+    return found

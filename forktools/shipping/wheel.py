@@ -404,3 +404,23 @@ class _ZipWriter:
             raise ForkError("the wheel holds too much for a ZIP without ZIP64")
         end = struct.pack("<4H2LH", 0, 0, count, count, size, start, 0)
         self.sink.write(b"PK\x05\x06" + end)
+
+
+def status_lines(bases: list[Base], wide: bool = True) -> list[str]:
+    """One line per fork wheel in dist/ (``wide``: its sha256 and the
+    upstream wheel's)."""
+    lines = []
+    for base in bases:
+        for built in manifests(base):
+            upstream_wheel = built["upstream_wheel"]
+            stale = built["queue"]["id"] != series.queue_id(base)
+            line = f"wheel: dist/{built['wheel']}"
+            if wide:
+                line += (
+                    f" sha256 {built['sha256']}, from {upstream_wheel['file']} "
+                    f"sha256 {upstream_wheel['sha256']}"
+                )
+            lines.append(
+                line + (" (stale: the queue changed; run make wheel)" if stale else "")
+            )
+    return lines

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from forktools.proof.prove import HARNESS
+from forktools.proof.runner import HARNESS
 
 sys.path.insert(0, str(HARNESS))
 import vllm_c_op_stubs  # noqa: E402

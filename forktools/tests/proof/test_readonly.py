@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 from forktools.queue import materialize
-from forktools.proof import prove, readonly, verify
+from forktools.proof import readonly, runner, verify
 
 from forktools.tests.conftest import git
 
@@ -27,7 +27,7 @@ def test_read_only_tests_are_those_of_the_queue(project):
 def test_a_skipped_case_or_a_test_not_run_is_named():
     nodeids = ["a.py::test_read_only_x", "a.py::test_read_only_y"]
     skip = "a.py::test_read_only_x[split]: skipped: cannot mount read-only"
-    outcome = prove.Outcome(
+    outcome = runner.Outcome(
         calls={
             "a.py::test_read_only_x[mega]": "passed",
             "a.py::test_read_only_x[split]": "skipped",
@@ -40,7 +40,7 @@ def test_a_skipped_case_or_a_test_not_run_is_named():
         "a.py::test_read_only_y: did not run",
         skip,
     ]
-    passed = prove.Outcome(calls={f"{nodeids[0]}[mega]": "passed"})
+    passed = runner.Outcome(calls={f"{nodeids[0]}[mega]": "passed"})
     assert readonly.problems(nodeids[:1], passed) == []
 
 
@@ -70,9 +70,9 @@ def test_a_passing_run_is_kept_and_reused_while_its_key_holds(
 
     def run_tests(python, tree, nodeids, engine=None, label="", harness=None):
         runs.append(nodeids)
-        return prove.Outcome({n: "passed" for n in nodeids}, {}, [])
+        return runner.Outcome({n: "passed" for n in nodeids}, {}, [])
 
-    monkeypatch.setattr(prove, "run_tests", run_tests)
+    monkeypatch.setattr(runner, "run_tests", run_tests)
     monkeypatch.setattr(readonly.venv, "ensure", lambda base: sys.executable)
     monkeypatch.setattr(readonly.venv, "environments", lambda base: {"test": ["a==1"]})
     monkeypatch.setattr(readonly.shutil, "which", lambda name: "/usr/bin/setpriv")
@@ -105,9 +105,9 @@ def test_a_record_is_audited_in_its_turn_of_the_rotation_in_a_clean_checkout(
 
     def run_tests(python, tree, nodeids, engine=None, label="", harness=None):
         seen.append((tree, (tree / "tests" / "stray.py").exists()))
-        return prove.Outcome({n: "passed" for n in nodeids}, {}, [])
+        return runner.Outcome({n: "passed" for n in nodeids}, {}, [])
 
-    monkeypatch.setattr(prove, "run_tests", run_tests)
+    monkeypatch.setattr(runner, "run_tests", run_tests)
     monkeypatch.setattr(readonly.venv, "ensure", lambda base: sys.executable)
     monkeypatch.setattr(readonly.venv, "environments", lambda base: {"test": ["a==1"]})
     monkeypatch.setattr(readonly.shutil, "which", lambda name: "/usr/bin/setpriv")

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from forktools.queue import check, export, materialize
+from forktools.queue import check, commits, export, materialize
 from forktools.environments import venv
-from forktools.proof import ledger, prove, symptoms, verify
+from forktools.proof import ledger, machine, runner, symptoms, verify
 from forktools.proof import machine as machines
 from forktools.queue.pins import ForkError
-from forktools.proof.prove import Outcome
+from forktools.proof.runner import Outcome
 from forktools.proof.symptoms import Declared, Symptom
 
 from forktools.tests.conftest import git, open_project
@@ -157,7 +157,7 @@ def test_summarize_keeps_each_failure_and_phase_error():
          "exception": "AssertionError", "message": "assert 1 == 2"},
         {"nodeid": "b", "when": "setup", "outcome": "failed", "exception": "KeyError"},
     ]
-    outcome = prove.summarize(records)
+    outcome = runner.summarize(records)
     assert (outcome.passed, outcome.failed) == (0, 1)
     assert outcome.failures == {"a": "AssertionError: assert 1 == 2"}
     assert outcome.failure_types == {"AssertionError"}
@@ -178,7 +178,7 @@ def test_test_runs_see_a_fixed_environment(monkeypatch):
     seen = {"LANG": "C.UTF-8", "HTTPS_PROXY": "http://proxy:3128", "no_proxy": "x"}
     for name, value in {**unseen, **seen}.items():
         monkeypatch.setenv(name, value)
-    kept = prove.caller_environment()
+    kept = runner.caller_environment()
     assert seen.items() <= kept.items()
     assert not unseen.keys() & kept.keys()
 
@@ -217,7 +217,7 @@ def test_the_test_finder_sees_methods_async_tests_and_changed_upstream_tests(tmp
     )
     (tree / "tests" / "helpers.py").write_text("def test_not_a_test():\n    pass  # x\n")
     git(tree, "commit", "-qam", "fix")
-    assert prove.added_tests(tree, "HEAD") == [
+    assert commits.added_tests(tree, "HEAD") == [
         "tests/test_x.py::test_upstream",
         "tests/test_x.py::test_async",
         "tests/test_x.py::TestCache::test_method",
@@ -225,9 +225,9 @@ def test_the_test_finder_sees_methods_async_tests_and_changed_upstream_tests(tmp
 
 
 def test_variant_is_the_first_parametrization_id():
-    assert prove.variant_of("t.py::test_a[mega-empty]") == "mega"
-    assert prove.variant_of("t.py::test_a[split]") == "split"
-    assert prove.variant_of("t.py::test_a") == ""
+    assert runner.variant_of("t.py::test_a[mega-empty]") == "mega"
+    assert runner.variant_of("t.py::test_a[split]") == "split"
+    assert runner.variant_of("t.py::test_a") == ""
 
 
 def test_shared_variants_are_those_of_several_test_functions():
@@ -423,22 +423,23 @@ def test_each_changed_input_invalidates_exactly_its_rows(
     project.lock("test", "x==2 --hash=sha256:" + "0" * 64)
     assert all("locked environments" in why for why in _plan(project).values())
     assert len([p for p in verify.stale(project.base) if "locked environments" in p]) == 3
+    project.lock("test", "x==2 --hash=sha256:" + "1" * 64)  # the same version
+    assert all("locked environments" in why for why in _plan(project).values())
     project.lock("test")
     assert _plan(project) == {"0001": "", "0002": "", "0003": ""}
 
     harness = tmp_path / "harness"
-    shutil.copytree(prove.HARNESS, harness)
-    monkeypatch.setattr(prove, "HARNESS", harness)
+    shutil.copytree(runner.HARNESS, harness)
+    monkeypatch.setattr(runner, "HARNESS", harness)
     assert _plan(project) == {"0001": "", "0002": "", "0003": ""}
     (harness / "vllm_fork_report.py").write_text("# changed\n", encoding="utf-8")
     assert all("forktools/engine/harness/" in why for why in _plan(project).values())
-    monkeypatch.setattr(prove, "HARNESS", prove.ROOT / "forktools" / "engine" / "harness")
+    monkeypatch.setattr(runner, "HARNESS", runner.ROOT / "forktools" / "engine" / "harness")
 
-    code = tmp_path / "prove.py"
-    code.write_text(prove.PROOF_CODE.read_text() + "# changed\n")
-    monkeypatch.setattr(prove, "PROOF_CODE", code)
-    assert all("forktools/proof/prove.py" in why for why in _plan(project).values())
-    monkeypatch.setattr(prove, "PROOF_CODE", Path(prove.__file__).resolve())
+    keyed = ledger.KEYED_CODE
+    monkeypatch.setattr(ledger, "KEYED_CODE", (*keyed, "a changed piece"))
+    assert all("code that shapes a run" in why for why in _plan(project).values())
+    monkeypatch.setattr(ledger, "KEYED_CODE", keyed)
 
     _fix(project, 7, LAYER_5.replace("5", "7"))
     export.export(project.base)
@@ -460,15 +461,15 @@ def _edit_row(project, index: int, half: str, nodeid: str) -> dict:
 
 def test_a_run_stopped_part_way_keeps_the_rows_it_proved(project, queue, monkeypatch):
     before = {p.patch: p.key for p in ledger.load(project.base).proofs.values()}
-    run_tests = prove.run_tests
+    run_tests = runner.run_tests
 
     def stopped_in_the_third_row(python, tree, nodeids, engine=None, label=""):
         if "0003 without" in label:
             raise KeyboardInterrupt("out of time")
         return run_tests(python, tree, nodeids, engine, label)
 
-    monkeypatch.setattr(prove, "run_tests", stopped_in_the_third_row)
-    monkeypatch.setattr(prove, "coarse_platform", lambda: "Linux elsewhere")
+    monkeypatch.setattr(runner, "run_tests", stopped_in_the_third_row)
+    monkeypatch.setattr(ledger, "coarse_platform", lambda: "Linux elsewhere")
     with pytest.raises(KeyboardInterrupt):
         verify.main([project.base], 1, audit=0)
     after = ledger.load(project.base)
@@ -483,7 +484,7 @@ def test_a_row_whose_with_fix_half_fails_is_never_written(
     project, queue, monkeypatch, capsys
 ):
     before = {p.patch: p.key for p in ledger.load(project.base).proofs.values()}
-    run_tests = prove.run_tests
+    run_tests = runner.run_tests
 
     def failing_with_the_second_fix(python, tree, nodeids, engine=None, label=""):
         outcome = run_tests(python, tree, nodeids, engine, label)
@@ -491,8 +492,8 @@ def test_a_row_whose_with_fix_half_fails_is_never_written(
             outcome.calls = dict.fromkeys(outcome.calls, "failed")
         return outcome
 
-    monkeypatch.setattr(prove, "run_tests", failing_with_the_second_fix)
-    monkeypatch.setattr(prove, "coarse_platform", lambda: "Linux elsewhere")
+    monkeypatch.setattr(runner, "run_tests", failing_with_the_second_fix)
+    monkeypatch.setattr(ledger, "coarse_platform", lambda: "Linux elsewhere")
     assert verify.main([project.base], 1, audit=0) == 1
     after = ledger.load(project.base).proofs
     assert after[queue[0]].inputs.platform == "Linux elsewhere"
@@ -750,14 +751,14 @@ AVX512 = ["avx2", "avx512bw", "avx512f"]
 def test_rows_proved_on_avx512_read_on_each_kind_of_machine(
     project, queue, monkeypatch, flags, like_this
 ):
-    proved_on = {**prove.fingerprint(), "cpu_flags": AVX512, "uid": 0}
+    proved_on = {**machine.fingerprint(), "cpu_flags": AVX512, "uid": 0}
     file = ledger.path(project.base)
     data = json.loads(file.read_text())
     for row in data["rows"]:
         row["machine"] = proved_on
     file.write_text(json.dumps(data))
     monkeypatch.setenv(machines.FORCED, json.dumps({"cpu_flags": flags, "uid": 0}))
-    assert machines.fingerprint() == {**prove.fingerprint(), "cpu_flags": flags, "uid": 0}
+    assert machines.fingerprint() == {**machine.fingerprint(), "cpu_flags": flags, "uid": 0}
     said = ledger.proved_here(project.base)
     assert said.startswith(f"v9.9.9: {like_this} of 3 rows proved on a machine like this")
     assert ("differ in the CPU flags (which vector kernels" in said) == (like_this == 0)
@@ -779,7 +780,7 @@ def test_renaming_an_input_field_keeps_every_key(project, queue):
 
 
 def test_the_platform_is_in_the_key(project, queue, monkeypatch):
-    monkeypatch.setattr(prove, "coarse_platform", lambda: "Linux aarch64")
+    monkeypatch.setattr(ledger, "coarse_platform", lambda: "Linux aarch64")
     assert all(
         why.startswith("changed: the platform") for why in _plan(project).values()
     )
@@ -838,12 +839,12 @@ def test_check_judges_the_recorded_failures_against_the_declarations(
     project, queue, capsys
 ):
     file = project.base.patch_dir / "symptoms.toml"
-    assert check.declared_symptoms(project.base) == []
+    assert symptoms.ledger_problems(project.base) == []
     file.write_text(
         SYMPTOMS.replace('message = "assert 5 == 55"', 'message = "assert 5 == 7"')
         + '\n["tests/test_gone.py::test_gone"]\nno_regression = "x"\n'
     )
-    assert check.declared_symptoms(project.base) == [
+    assert symptoms.ledger_problems(project.base) == [
         f"patches/v9.9.9/symptoms.toml: {queue[1]}: "
         "tests/test_layer_5.py::test_layer_5 failed with AssertionError: assert 5 == "
         "55, not its declared symptom AssertionError matching 'assert 5 == 7'",
@@ -856,3 +857,30 @@ def test_check_judges_the_recorded_failures_against_the_declarations(
     assert "NO: without the fix: tests/test_layer_5.py::test_layer_5 failed" in out
     assert out.count("reused (key ") == 3 and "proved in" not in out
     assert "  1 matched " in out
+
+
+def test_the_key_holds_the_code_that_shapes_a_run_and_not_what_only_observes():
+    from forktools.proof import checkouts
+
+    keyed = {getattr(code, "__name__", None) for code in ledger.KEYED_CODE}
+    assert {"forktools.proof.runner", "wheel_files", "install_command"} <= keyed
+    modules = {getattr(code, "__module__", None) for code in ledger.KEYED_CODE}
+    assert not {checkouts.__name__, machine.__name__, verify.__name__} & (
+        keyed | modules
+    )
+
+
+def test_a_session_gets_a_fresh_home_tmpdir_and_xdg_roots_and_a_fixed_path(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HOME", "/root")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/root/.cache")
+    monkeypatch.setenv("PATH", "/opt/somewhere/bin:/usr/bin")
+    python = tmp_path / "env" / "bin" / "python"
+    env = {**runner.caller_environment(), **runner.session_environment(python, tmp_path)}
+    assert env["HOME"] == str(tmp_path / "home") and env["TMPDIR"] == str(
+        tmp_path / "tmp"
+    )
+    assert all(env[name].startswith(str(tmp_path)) for name in runner.XDG_ROOTS)
+    assert all(Path(env[name]).is_dir() for name in ("HOME", "TMPDIR", *runner.XDG_ROOTS))
+    assert env["PATH"].split(":") == [str(python.parent), *runner.SYSTEM_PATH]

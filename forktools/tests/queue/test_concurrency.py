@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from forktools.queue import materialize
-from forktools.proof import prove
+from forktools.proof import checkouts
 
 from forktools.tests.conftest import copy_tooling, git
 
@@ -72,14 +72,14 @@ def test_checkouts_of_one_tree_at_once(tmp_path):
     git(tree, "commit", "-q", "-m", "base")
 
     def check_out_and_read(_):
-        with prove.checkout(tree) as path:
+        with checkouts.checkout(tree) as path:
             return (path / materialize.VERSION_FILE).read_text()
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         versions = list(pool.map(check_out_and_read, range(48)))
     assert versions == ["__version__ = '9.9.9'\n"] * 48
     assert 1 < git(tree, "worktree", "list").count("\n") <= 9  # at most one per thread
-    prove.remove_checkouts()
+    checkouts.remove_checkouts()
     assert git(tree, "worktree", "list").count("\n") == 1
 
 
@@ -99,14 +99,14 @@ def test_a_checkout_given_back_is_reused_switched_and_cleaned(tmp_path):
     read_value = [sys.executable, "-c", "import vllm; print(vllm.value)"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
-    with prove.checkout(tree) as first_path:
+    with checkouts.checkout(tree) as first_path:
         assert subprocess.check_output(read_value, cwd=first_path, env=env, text=True) == "1\n"
         (first_path / "left_by_a_test.txt").write_text("x")
         (first_path / ".hypothesis").mkdir()
         (first_path / "tests" / "__pycache__").mkdir(parents=True)
     compiled = list((first_path / "vllm" / "__pycache__").glob("__init__.*.pyc"))
     assert compiled
-    with prove.checkout(tree, second) as second_path:
+    with checkouts.checkout(tree, second) as second_path:
         assert second_path == first_path
         assert not any(path.exists() for path in compiled)
         value = subprocess.check_output(read_value, cwd=second_path, env=env, text=True)
@@ -117,10 +117,10 @@ def test_a_checkout_given_back_is_reused_switched_and_cleaned(tmp_path):
         assert (second_path / materialize.VERSION_FILE).exists()
     (tree / "vllm" / "__init__.py").write_text("value = 3\n")
     git(tree, "commit", "-qam", "moved on")
-    with prove.checkout(tree) as third_path:  # the tree's HEAD, not the worktree's
+    with checkouts.checkout(tree) as third_path:  # the tree's HEAD, not the worktree's
         value = subprocess.check_output(read_value, cwd=third_path, env=env, text=True)
         assert value == "3\n"
-    prove.remove_checkouts()
+    checkouts.remove_checkouts()
     assert not first_path.exists()
 
 
@@ -137,10 +137,10 @@ def test_a_tree_built_again_in_place_gets_a_new_worktree(tmp_path):
         git(tree, "commit", "-q", "-m", "base")
 
     build("value = 1\n")
-    with prove.checkout(tree) as old:
+    with checkouts.checkout(tree) as old:
         pass
     build("value = 2\n")  # a new .git: the old worktree's record is gone
-    with prove.checkout(tree) as new:
+    with checkouts.checkout(tree) as new:
         assert new != old and not old.exists()
         assert (new / "vllm" / "__init__.py").read_text() == "value = 2\n"
-    prove.remove_checkouts()
+    checkouts.remove_checkouts()

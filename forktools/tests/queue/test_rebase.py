@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from forktools import proof
 from forktools.queue import check, export, materialize, pins, rebase, series
 from forktools import cli
 from forktools.environments import venv
@@ -144,7 +145,7 @@ def test_probe_keeps_upstream_tests_added_in_the_same_place(project, probe_pytho
     upstream_test = "\n\ndef test_layer_3_upstream():\n    assert True\n"
     core = CORE.replace("return 3\n", "return 30 + 3\n")
     publish(project.index, NEW, core, tests=core_tests + upstream_test)
-    rebase.rebase(NEW, probe_tests=True)
+    rebase.rebase(NEW, probe=proof.probe_tests)
     [patch] = _report(project)["patches"]
     assert patch["outcome"] == "upstream"
     assert patch["evidence"][0].startswith("its tests pass on 9.9.10 without it")
@@ -159,7 +160,7 @@ def test_fix_whose_tests_fail_without_it_is_kept_with_that_evidence(
 ):
     _queue_fix_with_test(project)
     publish(project.index, NEW, SHIFTED)
-    rebase.rebase(NEW, probe_tests=True)
+    rebase.rebase(NEW, probe=proof.probe_tests)
     [patch] = _report(project)["patches"]
     assert patch["outcome"] == "refreshed"
     assert patch["evidence"][-1] == (
@@ -265,7 +266,8 @@ def test_a_port_is_recorded_before_make_verify_proves_it(project):
 
     rebase.rebase(NEW, ported=True)
 
-    [problem] = check.problems(target)
+    assert check.problems(target) == []
+    [problem] = proof.symptom_problems(target)
     assert "symptoms.toml" in problem
 
 

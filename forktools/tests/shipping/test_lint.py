@@ -78,3 +78,18 @@ def test_lint_names_the_patch_without_status(project, monkeypatch):
     monkeypatch.setattr(lint, "_ruff", lambda *args: [])
     [problem] = lint.queue_problems(project.base)
     assert problem.startswith(f"patches/{project.base.name}/{patch.name}: no Upstream")
+
+
+def test_the_layering_holds_and_an_upward_import_breaks_it(tmp_path):
+    from forktools.tests.conftest import copy_tooling
+
+    assert lint.layering() == []
+    copy_tooling(tmp_path, "pyproject.toml")
+    pins = tmp_path / "forktools" / "queue" / "pins.py"
+    pins.write_text(pins.read_text() + "\nfrom forktools.shipping import wheel\n")
+    bench = tmp_path / "forktools" / "engine" / "bench.py"
+    bench.write_text(bench.read_text() + "\nfrom forktools.proof import ledger\n")
+    [problem] = lint.layering(tmp_path)
+    assert "forktools.queue is not allowed to import forktools.shipping" in problem
+    assert "forktools.queue.pins -> forktools.shipping.wheel" in problem
+    assert "forktools.engine.bench -> forktools.proof.ledger" in problem

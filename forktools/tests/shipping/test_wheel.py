@@ -182,7 +182,7 @@ def test_manifest_and_status_name_the_inputs_and_the_wheel(fleet, capsys):
     assert len(x86["queue"]["patches"]) == 1
     assert x86["changed"] == ["vllm/added.py", "vllm/core.py"]
     assert x86["removed"] == ["vllm/legacy.py"]
-    lines = status.wheel_lines([fleet.base])
+    lines = wheel.status_lines([fleet.base])
     assert f"wheel: dist/{x86['wheel']} sha256 {x86['sha256']}, from " in "".join(lines)
     assert x86["sha256"] in capsys.readouterr().out
 
