@@ -47,3 +47,12 @@ def test_every_make_target_is_in_the_commands_page():
     commands = (ROOT / "docs/commands.md").read_text()
     for target in re.findall(r"^([a-z-]+):.*## ", makefile, re.M):
         assert f"`make {target}" in commands, target
+
+
+def test_the_layout_page_names_every_package_in_under_60_lines():
+    layout = (ROOT / "docs/layout.md").read_text()
+    assert len(layout.splitlines()) < 60
+    packages = [p.parent.name for p in (ROOT / "forktools").glob("*/__init__.py")]
+    for package in packages:
+        if package != "tests":
+            assert f"`{package}/`" in layout, package
