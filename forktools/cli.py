@@ -320,6 +320,7 @@ def _tooling_tests(python: str) -> int:
 
 def cmd_test(args) -> int:
     """Everything CI runs: tooling tests, lint, check, verify, read-only tests."""
+    import concurrent.futures
     import time
 
     bases = _bases(args)
@@ -341,16 +342,27 @@ def cmd_test(args) -> int:
         "read-only tests": lambda: cmd_read_only(args),
     }
     failed, minutes = [], []
-    for name, stage in stages.items():
+
+    def timed(name: str) -> int:
         print(f"\n== {name}", flush=True)
         started = time.monotonic()
-        if stage() != 0:
-            failed.append(name)
+        code = stages[name]()
         took = f"{(time.monotonic() - started) / 60:.1f}"
         print(f"== {name}: {took} min", flush=True)
         minutes.append(f"{name} {took}")
-        if name == "environments" and failed:
-            break
+        if code != 0:
+            failed.append(name)
+        return code
+
+    # Lint needs no environment of a base (its tools have their own): it
+    # runs beside the environments, which wait on downloads and the disk.
+    with concurrent.futures.ThreadPoolExecutor(1) as beside:
+        linted = beside.submit(timed, "lint")
+        timed("environments")
+        linted.result()
+    if "environments" not in failed:
+        for name in ("tooling tests", "check", "verify", "read-only tests"):
+            timed(name)
     print(f"\nfailed: {', '.join(failed)}" if failed else "")
     print(f"minutes: {', '.join(minutes)}")
     print(f"stages: {len(stages) - len(failed)} passed, {len(failed)} failed")

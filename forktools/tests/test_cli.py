@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -213,6 +214,33 @@ def test_make_test_passes_its_arguments_to_every_stage(project, capsys):
     assert cli.cmd_check(args) == 0
     assert cli.cmd_verify(args) == 0
     assert "every queue is empty" in capsys.readouterr().out
+
+
+def test_make_test_lints_beside_the_environments_then_runs_the_rest(
+    project, monkeypatch, capsys
+):
+    import threading
+
+    linting = threading.Event()
+    ran = []
+
+    def environments(bases):
+        assert linting.wait(10), "lint did not start beside the environments"
+        ran.append("environments")
+        return [Path(sys.executable)]
+
+    def stage(name):
+        return lambda *args, **kwargs: ran.append(name) or 0
+
+    monkeypatch.setattr(cli, "_environments", environments)
+    monkeypatch.setattr(cli, "cmd_lint", lambda args: linting.set() or 0)
+    monkeypatch.setattr(cli, "_tooling_tests", stage("tooling"))
+    monkeypatch.setattr(cli, "cmd_check", stage("check"))
+    monkeypatch.setattr(cli, "cmd_verify", stage("verify"))
+    monkeypatch.setattr(cli, "cmd_read_only", stage("read-only"))
+    assert cli.cmd_test(cli.parser().parse_args(["test"])) == 0
+    assert ran == ["environments", "tooling", "check", "verify", "read-only"]
+    assert "stages: 6 passed, 0 failed" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
