@@ -104,7 +104,7 @@ read-only: ## the queue's read-only cache tests again with every capability drop
 costs: ## where the proof's test-seconds go: per base and test file, with and without the fix, and the costliest cases, from the ledgers (runs no test); the audit's rotation slots and the next ten commits' turns
 	$(forktools) costs $(base_arg)
 
-lint: ## ruff on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
+lint: ## ruff and the import layering on our code; upstream's CI checks (ruff, typos, mypy, hooks) on every queue
 	$(forktools) lint $(base_arg)
 
 wheel: ## the fork wheel for fleets in dist/, with its node lock (ALL=1: every pinned platform; NO_LOCK=1: the wheel alone)
