@@ -268,30 +268,17 @@ def _cost(planned: Planned) -> float:
     return _estimate(planned, "with") + _estimate(planned)
 
 
-def audit_slots(costs: dict[str, float], budget: float) -> int:
+def audit_slots(total: float, budget: float) -> int:
     """How many runs the rotation takes to audit every row: the least power
-    of two at which each slot's rows (``costs``: test-seconds by row name)
-    fit ``budget``, or at which each slot over it holds one row alone (a row
-    is audited whole). Slots are points on [0, 1) fixed by the names, so they
-    are uneven: sizing by the share of the total would leave some slots at
-    twice the budget."""
+    of two whose share of ``total`` test-seconds fits ``budget``."""
     slots = 1
-    while True:
-        filled: dict[int, list[float]] = {}
-        for name, cost in costs.items():
-            filled.setdefault(slot_of(name, slots), []).append(cost)
-        if all(sum(c) <= budget or len(c) == 1 for c in filled.values()):
-            return slots
+    while total / slots > budget:
         slots *= 2
+    return slots
 
 
 def _slots(runs: list[BaseRun], budget: float) -> int:
-    costs = {
-        f"{run.base.name}/{p.subject.entry.name}": _cost(p)
-        for run in runs
-        for p in run.rows()
-    }
-    return audit_slots(costs, budget)
+    return audit_slots(sum(_cost(p) for run in runs for p in run.rows()), budget)
 
 
 def slot_of(name: str, slots: int) -> int:

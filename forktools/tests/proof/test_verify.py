@@ -584,11 +584,6 @@ def _row(
     return verify.Planned(subject, None, recorded, why)
 
 
-def _costs(rows: list, base: str = "v9.9.9") -> dict[str, float]:
-    """Each row's test-seconds, both halves, by the name its slot comes from."""
-    return {f"{base}/{r.subject.entry.name}": 2 * r.recorded.seconds for r in rows}
-
-
 def _run(rows: list, base: str = "v9.9.9"):
     named = type("Base", (), {"name": base})()
     return type("Run", (), {"rows": lambda self: rows, "base": named})()
@@ -612,42 +607,27 @@ def test_turns_audit_slots_that_nest_so_any_n_consecutive_turns_cover_every_slot
                 )
 
 
-def test_the_slots_are_the_fewest_in_which_every_slot_fits_the_budget():
-    assert verify.audit_slots({}, 600) == 1
-    assert verify.audit_slots({"a": 300, "b": 300}, 600) == 1
-    names = [f"v9.9.9/{n:04d}.patch" for n in range(40)]
-    costs = dict.fromkeys(names, 130.0)  # 5,200 s: a share of 1,200 at 8 slots
-    slots = verify.audit_slots(costs, 1200)
-    filled = [
-        sum(costs[n] for n in names if verify.slot_of(n, slots) == s)
-        for s in range(slots)
-    ]
-    assert max(filled) <= 1200
-    coarser = [
-        sum(costs[n] for n in names if verify.slot_of(n, slots // 2) == s)
-        for s in range(slots // 2)
-    ]
-    assert max(coarser) > 1200  # the fewest
-    # A row over the budget is audited whole, in a slot of its own.
-    slots = verify.audit_slots({"alone": 5000, "other": 10}, 1200)
-    assert verify.slot_of("alone", slots) != verify.slot_of("other", slots)
-    assert verify.slot_of("alone", slots // 2) == verify.slot_of("other", slots // 2)
+def test_the_slots_are_the_fewest_whose_share_of_every_row_fits_the_budget():
+    assert verify.audit_slots(0, 600) == 1
+    assert verify.audit_slots(600, 600) == 1
+    assert verify.audit_slots(601, 600) == 2
+    assert verify.audit_slots(5131, 1200) == 8
 
 
 def test_any_n_consecutive_commits_audit_every_row_while_the_rows_change():
     """The rows reused, their seconds, the run's own proofs and so the
     number of slots change from run to run; a row that stays is audited at
-    least once in any 64 consecutive turns (64: the most slots these rows
+    least once in any 16 consecutive turns (16: the most slots these rows
     ever need), in a full run of its slot whatever the run proves besides."""
     rng = random.Random(45)
     budget_minutes, workers = 10, 2  # 1,200 test-seconds a run
     for trial in range(200):
         start = rng.randrange(10_000)
         audited_at = []
-        for turn in range(start, start + 64):
-            watched = _row(rng.uniform(0, 100), name=f"{trial:04d}-watched")
+        for turn in range(start, start + 16):
+            watched = _row(rng.uniform(0, 300), name=f"{trial:04d}-watched")
             others = [
-                _row(rng.uniform(0, 100), why=rng.choice(["", "", "changed"]), name=f"{n:04d}")
+                _row(rng.uniform(0, 300), why=rng.choice(["", "", "changed"]), name=f"{n:04d}")
                 for n in rng.sample(range(60), rng.randrange(40))
             ]
             rows = [watched, *others]
@@ -655,7 +635,7 @@ def test_any_n_consecutive_commits_audit_every_row_while_the_rows_change():
             picked, number, slots = verify.pick_rotation(
                 [_run(rows)], budget_minutes, workers, turn
             )
-            assert slots <= 64
+            assert slots <= 16
             if watched in picked:
                 audited_at.append(turn)
                 assert _slot(watched, slots) == number
@@ -666,7 +646,7 @@ def test_a_run_whose_own_proofs_spend_the_budget_still_audits_its_slot():
     rows = [_row(100, name=f"{n:04d}") for n in range(8)]
     proving = [_row(1000, why="changed: the queue's tree", name="0100")]
     picked, number, slots = verify.pick_rotation([_run(rows + proving)], 10, 1, 0)
-    assert slots == verify.audit_slots(_costs(rows + proving), 600)
+    assert slots == 8  # 3,600 test-seconds in slots of 600
     assert picked == [row for row in rows if _slot(row, slots) == number]
     instant = [_row(0), _row(0, name="0002")]  # rows too quick to count a second
     assert verify.pick_rotation([_run(instant)], 0, 2, 0)[0] == []
@@ -685,14 +665,10 @@ def test_rows_proved_on_another_kind_of_machine_are_audited_first():
         _row(50, name=f"{n:04d}", machine=elsewhere if n % 2 else None)
         for n in range(12)
     ]
-    # 1,200 test-seconds in slots of a 600 budget; the turn of the smallest.
-    slots = verify.audit_slots(_costs(rows), 600)
-    turn = min(
-        range(slots),
-        key=lambda t: sum(_slot(r, slots) == verify.turn_slot(t, slots) for r in rows),
-    )
+    # 1,200 test-seconds in 2 slots of a 600 budget; the turn of the smaller.
+    turn = min((0, 1), key=lambda t: sum(_slot(r, 2) == t for r in rows))
     picked, number, slots = verify.pick_rotation([_run(rows)], 10, 1, turn)
-    assert number == verify.turn_slot(turn, slots)
+    assert (number, slots) == (turn, 2)
     slot = [row for row in rows if _slot(row, slots) == number]
     mine = [row for row in slot if row.recorded.machine != elsewhere]
     assert picked[: len(slot)] == [row for row in slot if row not in mine] + mine
@@ -707,17 +683,15 @@ def test_an_edited_with_fix_record_is_caught_within_n_commits_while_rows_change(
     project, queue, capsys
 ):
     """A with-fix outcome edited by hand is caught by the run of the one turn
-    among any N consecutive ones whose slot holds its row, while another row
+    among any 4 consecutive ones whose slot holds its row, while another row
     is made stale (proved, not reused) part-way."""
     row = _edit_row(project, 0, "with_fix", "tests/test_layer_3.py::test_layer_3_gone")
     name = f"{project.base.name}/{queue[0]}"
-    names = [f"{project.base.name}/{patch}" for patch in queue]
-    slots = verify.audit_slots(dict.fromkeys(names, 200), 200)
     caught = []
-    for turn in range(100, 100 + slots):
+    for turn in range(100, 104):
         file = ledger.path(project.base)
         data = json.loads(file.read_text())
-        for each in data["rows"]:  # 200 test-seconds a row, a slot of 200 each
+        for each in data["rows"]:  # 200 test-seconds a row: 4 slots of 200
             each["seconds"] = each["with_fix_seconds"] = 100
         if turn == 102:
             data["rows"][2]["inputs"]["tree_without_fix"] = "0" * 40
@@ -725,14 +699,10 @@ def test_an_edited_with_fix_record_is_caught_within_n_commits_while_rows_change(
         capsys.readouterr()
         verify.main([project.base], 2, seed=turn, audit_minutes=200 / 120)
         captured = capsys.readouterr()
-        assert "rotation slot" in captured.err and f" of {slots} (turn" in captured.err
+        assert "rotation slot" in captured.err and " of 4 (turn" in captured.err
         if f"NO: audit of the row with key {row['key'][:12]}" in captured.out:
             caught.append(turn)
-    assert caught == [
-        t
-        for t in range(100, 100 + slots)
-        if verify.turn_slot(t, slots) == verify.slot_of(name, slots)
-    ]
+    assert caught == [t for t in range(100, 104) if verify.turn_slot(t, 4) == verify.slot_of(name, 4)]
     assert len(caught) == 1
 
 
@@ -781,6 +751,7 @@ AVX512 = ["avx2", "avx512bw", "avx512f"]
 def test_rows_proved_on_avx512_read_on_each_kind_of_machine(
     project, queue, monkeypatch, flags, like_this
 ):
+    monkeypatch.delenv(machines.FORCED, raising=False)  # this machine as it is
     proved_on = {**machine.fingerprint(), "cpu_flags": AVX512, "uid": 0}
     file = ledger.path(project.base)
     data = json.loads(file.read_text())
@@ -788,7 +759,7 @@ def test_rows_proved_on_avx512_read_on_each_kind_of_machine(
         row["machine"] = proved_on
     file.write_text(json.dumps(data))
     monkeypatch.setenv(machines.FORCED, json.dumps({"cpu_flags": flags, "uid": 0}))
-    assert machines.fingerprint() == {**machine.fingerprint(), "cpu_flags": flags, "uid": 0}
+    assert machines.fingerprint() == {**proved_on, "cpu_flags": flags}
     said = ledger.proved_here(project.base)
     assert said.startswith(f"v9.9.9: {like_this} of 3 rows proved on a machine like this")
     assert ("differ in the CPU flags (which vector kernels" in said) == (like_this == 0)
