@@ -21,8 +21,9 @@ KEY = "Upstream-Status"
 # Each kind, and what its details must name.
 KINDS = {
     "Backport": (
-        re.compile(r"\bPR \d+\b.*, first released in v\d+(\.\d+)+\b"),
-        "PR <n>, first released in v<x.y.z>",
+        re.compile(r"\bPR (\d+|not identified)\b.*, first released in v\d+(\.\d+)+\b"),
+        "PR <n>, first released in v<x.y.z> ('PR not identified' where the "
+        "release shows the change but no PR is known)",
     ),
     "Pending": (re.compile(r"\b(issue|PR) \d+\b"), "issue <n> or PR <n>"),
     "Submitted": (re.compile(r"\bPR \d+\b"), "PR <n>"),

@@ -1,6 +1,6 @@
 import pytest
 
-from forktools.queue import export, materialize, series
+from forktools.queue import export, materialize, series, upstream
 from forktools.shipping import lint
 
 SIGNED = "Signed-off-by: A <a@example.com>"
@@ -64,6 +64,17 @@ def test_missing_or_malformed_upstream_status_fails(project, trailers, says):
     patch, subject = _one_patch(project, message)
     [problem] = lint.patch_problems(patch, subject)
     assert says in problem
+
+
+def test_a_backport_whose_pr_is_not_identified_names_its_release(project):
+    status = (
+        "Upstream-Status: Backport [PR not identified: v0.34.0's code has it, "
+        "first released in v0.34.0]"
+    )
+    message = f"[Bugfix][Core] Fix it\n\n{status}\n{SIGNED}"
+    patch, subject = _one_patch(project, message)
+    assert lint.patch_problems(patch, subject) == []
+    assert upstream.read(upstream.message_of(patch.read_text())).released_in == "0.34.0"
 
 
 def test_upstream_status_in_the_body_is_not_a_trailer(project):
