@@ -85,7 +85,7 @@ fork: ## materialize vllm/ and tests/ for BASE (default: upstream.toml's)
 export: ## write the fork tree's commits back into patches/<base>/
 	$(forktools) export $(base_arg)
 
-check: ## fail when patches/ and the fork trees disagree, or a proof ledger is stale
+check: ## fail when patches/ and the fork trees disagree, a proof ledger is stale, or a base's compile key hashes a variable a newer base leaves out
 	$(forktools) check $(base_arg)
 
 fixes: ## the paths of BASE's patches that change vllm/, in order, for git am (the rest are tests)

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from forktools.queue import check, export, materialize, pins
+from forktools.queue import check, env_factors, export, materialize, pins
 from forktools.queue.pins import ForkError
 
 
@@ -45,7 +45,7 @@ def cmd_check(args, proving: bool = False) -> int:
     lets rows that only need proving pass."""
     from forktools import proof
 
-    found, checked = [], 0
+    found, checked = [], []
     for base in _bases(args):
         if getattr(args, "here", False) and not materialize.is_current(base):
             print(
@@ -54,11 +54,12 @@ def cmd_check(args, proving: bool = False) -> int:
                 file=sys.stderr,
             )
             continue
-        checked += 1
+        checked.append(base)
         problems = check.problems(base) + proof.symptom_problems(base)
         found += problems + [p for p in _stale(base, proving) if p not in problems]
         if proof.ledger_path(base).exists():
             print(f"check: {proof.proved_here(base)}")
+    found += env_factors.hashed_but_ignored_later(_built_trees(), checked)
     for problem in found:
         print(f"check: {problem}", file=sys.stderr)
     if not checked:
@@ -68,6 +69,15 @@ def cmd_check(args, proving: bool = False) -> int:
     elif not found:
         print("check: patches/ and the fork trees agree; the proof ledgers are current")
     return 1 if found else 0
+
+
+def _built_trees() -> dict[pins.Base, Path]:
+    """The fork tree of every pinned base built for its queue."""
+    return {
+        base: materialize.tree_dir(base)
+        for base in pins.load().bases.values()
+        if materialize.is_current(base)
+    }
 
 
 def _stale(base, proving: bool) -> list[str]:
