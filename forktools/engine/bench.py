@@ -599,8 +599,9 @@ def keys(bases: list[Base]) -> list[Row]:
     1 of a PID namespace (``unshare --uts --pid``), B from the files of the
     fork wheel ``make wheel`` builds, unpacked in another folder, two API
     servers (``vllm serve``) on other ports, B with another served model
-    name, another seed, a restart after A served three adapters loaded at
-    runtime, a fork update that rewords only a test patch and its message
+    name, another seed, another engine's Ray placement bundle
+    (``VLLM_RAY_BUNDLE_INDICES``), a restart after A served three adapters
+    loaded at runtime, a fork update that rewords only a test patch and its message
     (B runs the label the tooling gives that queue). Should compile: LoRA
     partly, then fully wrapped (issue 55383; the engine core in-process so
     that A's patch reaches it), LoRA off, the model split into two pipeline

@@ -151,6 +151,14 @@ CELLS = (
     ),
     Cell("another seed", "load", args={"seed": 1}, why="B with seed=1"),
     Cell(
+        "another engine's Ray bundle",
+        "load",
+        env={"VLLM_RAY_BUNDLE_INDICES": "1"},
+        why="B with VLLM_RAY_BUNDLE_INDICES=1, as RL frameworks give each engine "
+        "its own placement bundle (SkyRL 2167); only the Ray executor reads it, "
+        "and neither start uses that executor",
+    ),
+    Cell(
         "a restart after adapters added at runtime",
         "load",
         first={"adapters": 3},
