@@ -82,7 +82,9 @@ def hashed_but_ignored_later(
 ) -> list[str]:
     """For each base of ``checked``, the variables its key hashes that a
     newer base of ``trees`` leaves out, by the first newer base that does."""
-    ordered = sorted(trees, key=lambda base: pins.version_key(base.version))
+    # A tree without vllm/envs.py (a made-up base) has no key to compare.
+    having = [base for base in trees if (trees[base] / ENVS).exists()]
+    ordered = sorted(having, key=lambda base: pins.version_key(base.version))
     factors = {base: read(trees[base] / ENVS) for base in ordered}
     found = []
     for at, older in enumerate(ordered):

@@ -73,6 +73,9 @@ def test_only_the_checked_bases_are_named_and_agreeing_bases_pass(tmp_path):
     }
 
     assert env_factors.hashed_but_ignored_later(trees, [old, new]) == []
+    without_envs = base("0.40.0")
+    trees[without_envs] = tmp_path / "a tree without vllm/envs.py"
+    assert env_factors.hashed_but_ignored_later(trees, [old, new]) == []
     trees[new] = tree(tmp_path / "later", "0.33.0", ["VLLM_B"], ["VLLM_B"])
     assert env_factors.hashed_but_ignored_later(trees, [new]) == []
     assert len(env_factors.hashed_but_ignored_later(trees, [old])) == 1
