@@ -91,7 +91,7 @@ def rotation_table(bases: list[Base], turns: int = 10) -> str:
         return "audit rotation: no reused row to audit"
     turn = verify.commit_count() + 1
     taken = [verify.turn_slot(turn + k, len(slots)) for k in range(turns)]
-    lines = [("slot", "rows audited", f"minutes on {workers} CPU(s)", "next commits")]
+    lines = [("slot", "halves audited", f"minutes on {workers} CPU(s)", "next commits")]
     for number, (rows, minutes) in enumerate(slots):
         nth = [str(k + 1) for k, slot in enumerate(taken) if slot == number]
         lines.append(
@@ -99,9 +99,9 @@ def rotation_table(bases: list[Base], turns: int = 10) -> str:
         )
     return (
         f"audit rotation ({verify.AUDIT_MINUTES:g} min on {workers} CPU(s)): "
-        f"{len(slots)} slots, so any {len(slots)} consecutive commits audit every "
-        f"row; the next {turns} commits (turns {turn} to {turn + turns - 1}) take "
-        "the slots marked\n" + render(lines)
+        f"{len(slots)} slots, so any {len(slots)} consecutive commits audit both "
+        f"halves of every row; the next {turns} commits (turns {turn} to "
+        f"{turn + turns - 1}) take the slots marked\n" + render(lines)
     )
 
 

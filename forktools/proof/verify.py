@@ -12,11 +12,13 @@ fix, the locked environments, the harness, the proof code, the tests), kept
 in the base's proof ledger (``forktools/proof/ledger.py``) under one key and
 proved again only when a row's key changed, or for every row with
 ``fresh``: a test result is an action output, as a build cache keeps it.
-Each run also audits reused rows, both halves again: the rows of one slot
-of a rotation over the commit count, sized so that a slot fits a budget of
+Each run also audits halves of reused rows (a row's tests with every fix,
+or without its fix), proving them again: the halves of one slot of a
+rotation over the commit count, sized so that every slot fits a budget of
 wall-clock minutes and any as many consecutive commits as there are slots
-audit every row (``pick_rotation``), then rows proved on another kind of
-machine within what the run's own proofs leave of the budget. An audit
+audit every half of every row (``pick_rotation``), then the halves of rows
+proved on another kind of machine within what the run's own proofs leave of
+the budget. An audit
 fails naming the row and what differs from its record, or a fresh failure
 that is not its test's declared symptom. ``audit=n`` picks n rows at random
 instead. Runs are scheduled across the CPUs longest first, rows of all
@@ -45,6 +47,11 @@ from forktools.queue.table import render
 
 UNKNOWN_SECONDS = 300.0  # a row's tests, with or without its fix
 AUDIT_MINUTES = 10.0  # the audit's default wall-clock budget
+HALVES = ("with", "without")  # a row's tests with every fix, without its own
+# The most slots the rotation takes, as a multiple of the fewest whose share
+# of the total fits the budget: a cluster of costly halves in one slot may
+# outgrow the budget rather than stretch the rotation without end.
+SLOTS_OVER_SHARE = 4
 
 
 @dataclass
@@ -76,7 +83,8 @@ class Planned:
     inputs: ledger.Inputs
     recorded: Proof | None
     why: str  # why it is proved again; "" when its record is reused
-    audited: bool = False
+    # The halves of a reused row proved again this run ("with", "without").
+    audited: tuple[str, ...] = ()
     # A row of the patch whose key is not its inputs' digest (dropped on
     # load): its seconds still estimate this one's.
     last: Proof | None = None
@@ -89,7 +97,11 @@ class Planned:
 
     @property
     def proves(self) -> bool:
-        return bool(self.why) or self.audited
+        return bool(self.why) or bool(self.audited)
+
+    def runs(self, half: str) -> bool:
+        """Whether this run runs the row's tests ``half`` the fix."""
+        return bool(self.why) or half in self.audited
 
 
 @dataclass
@@ -259,7 +271,7 @@ def pick_audits(runs: list[BaseRun], count: int, seed: int) -> list[Planned]:
     reused = [planned for _, planned in _reused_by_name(runs)]
     picked = random.Random(seed).sample(reused, min(count, len(reused)))
     for planned in picked:
-        planned.audited = True
+        planned.audited = HALVES
     return picked
 
 
@@ -278,12 +290,35 @@ def audit_slots(total: float, budget: float) -> int:
 
 
 def _slots(runs: list[BaseRun], budget: float) -> int:
-    return audit_slots(sum(_cost(p) for run in runs for p in run.rows()), budget)
+    """The fewest slots, a power of two, in which every slot's halves fit
+    ``budget``, at most SLOTS_OVER_SHARE times as many as the share of the
+    total needs."""
+    total = sum(_cost(p) for run in runs for p in run.rows())
+    slots = audit_slots(total, budget)
+    halves = _reused_halves(runs)
+    for _ in range(SLOTS_OVER_SHARE.bit_length() - 1):
+        if max(_slot_seconds(halves, slots), default=0.0) <= budget:
+            break
+        slots *= 2
+    return slots
+
+
+def _slot_seconds(halves: list[tuple[str, str, Planned]], slots: int) -> list[float]:
+    seconds = [0.0] * slots
+    for name, half, planned in halves:
+        seconds[slot_of(_item(name, half), slots)] += _estimate(planned, half)
+    return seconds
+
+
+def _item(name: str, half: str) -> str:
+    """What the rotation places: one half of the row ``name``."""
+    return f"{name} {half}"
 
 
 def slot_of(name: str, slots: int) -> int:
-    """The slot of the row ``name`` (``<base>/<patch file>``) among ``slots``:
-    a point its name fixes on [0, 1), so that no other row moves it."""
+    """The slot of the half ``name`` (``<base>/<patch file> <half>``) among
+    ``slots``: a point its name fixes on [0, 1), so that no other row moves
+    it."""
     point = int(hashlib.sha256(name.encode()).hexdigest()[:12], 16) / 16**12
     return int(point * slots)
 
@@ -300,35 +335,43 @@ def turn_slot(turn: int, slots: int) -> int:
 def pick_rotation(
     runs: list[BaseRun], minutes: float, workers: int, turn: int
 ) -> tuple[list[Planned], int, int]:
-    """The reused rows of the slot of ``turn``, those proved on another kind
-    of machine first; then, within the budget left after this run's own
-    proofs and the slot, other rows proved on another kind of machine. With
-    the slot's number and the number of slots (0 with no budget or no
-    reused row). The slot is audited whatever this run proves besides, so
-    coverage does not depend on what the queues changed."""
+    """The reused rows with a half in the slot of ``turn``, those proved on
+    another kind of machine first; then, within the budget left after this
+    run's own proofs and the slot, the other halves of rows proved on
+    another kind of machine. With the slot's number and the number of slots
+    (0 with no budget or no reused row). The slot is audited whatever this
+    run proves besides, so coverage does not depend on what the queues
+    changed. Each picked row's ``audited`` names its halves."""
     budget = minutes * 60 * workers
-    named = _reused_by_name(runs)
-    if not named or budget <= 0:
+    halves = _reused_halves(runs)
+    if not halves or budget <= 0:
         return [], 0, 0
     slots = _slots(runs, budget)
     number = turn_slot(turn, slots)
     here = machine.fingerprint()
-    group = sorted(
-        (p for name, p in named if slot_of(name, slots) == number),
-        key=lambda p: not _elsewhere(p, here),
-    )
+    group = [
+        (planned, half)
+        for name, half, planned in halves
+        if slot_of(_item(name, half), slots) == number
+    ]
+    for planned, half in group:
+        planned.audited += (half,)
     left = budget - sum(_cost(p) for run in runs for p in run.rows() if p.why)
-    left -= sum(_cost(p) for p in group)
-    picked = list(group)
-    # The other rows from elsewhere, those of the next slots first.
-    for _, planned in sorted(named, key=lambda item: _after(item[0], number, slots)):
-        if planned in picked or not _elsewhere(planned, here):
+    left -= sum(_estimate(planned, half) for planned, half in group)
+    picked = sorted(
+        {id(p): p for p, _ in group}.values(), key=lambda p: not _elsewhere(p, here)
+    )
+    # The other halves of rows from elsewhere, those of the next slots first.
+    for _, half, planned in sorted(
+        halves, key=lambda item: _after(_item(item[0], item[1]), number, slots)
+    ):
+        if half in planned.audited or not _elsewhere(planned, here):
             continue
-        if _cost(planned) <= left:
-            picked.append(planned)
-            left -= _cost(planned)
-    for planned in picked:
-        planned.audited = True
+        if _estimate(planned, half) <= left:
+            planned.audited += (half,)
+            left -= _estimate(planned, half)
+            if planned not in picked:
+                picked.append(planned)
     return picked, number, slots
 
 
@@ -345,6 +388,10 @@ def _reused_by_name(runs: list[BaseRun]) -> list[tuple[str, Planned]]:
     ]
 
 
+def _reused_halves(runs: list[BaseRun]) -> list[tuple[str, str, Planned]]:
+    return [(name, half, p) for name, p in _reused_by_name(runs) for half in HALVES]
+
+
 def _elsewhere(planned: Planned, here: dict) -> bool:
     """Whether the row was proved on a machine unlike this one."""
     assert planned.recorded is not None
@@ -358,16 +405,18 @@ def rotation(
     slot's rows and its estimated minutes on ``workers`` CPUs."""
     workers = workers or schedule.default_jobs()
     runs = _prepared(bases)
-    named = _reused_by_name(runs)
-    if not named:
+    halves = _reused_halves(runs)
+    if not halves:
         return []
     slots = _slots(runs, minutes * 60 * workers)
-    rows: list[list[Planned]] = [[] for _ in range(slots)]
-    for name, planned in named:
-        rows[slot_of(name, slots)].append(planned)
+    names: list[list[str]] = [[] for _ in range(slots)]
+    for name, half, planned in halves:
+        names[slot_of(_item(name, half), slots)].append(
+            f"{_name(runs, planned)} {half}"
+        )
     return [
-        ([_name(runs, p) for p in slot], sum(_cost(p) for p in slot) / 60 / workers)
-        for slot in rows
+        (slot, seconds / 60 / workers)
+        for slot, seconds in zip(names, _slot_seconds(halves, slots), strict=True)
     ]
 
 
@@ -424,13 +473,16 @@ def jobs_for(runs: list[BaseRun]) -> list[schedule.Job]:
     jobs = []
     for run in runs:
         for planned in run.rows():
-            # A reused row's halves are both in the ledger under its key.
-            if not planned.subject.tests or not planned.proves:
+            # A reused row's halves are in the ledger under its key: only
+            # those audited run.
+            if not planned.subject.tests:
                 continue
-            with_fix = functools.partial(_run_with_fix, run, planned)
-            without = functools.partial(_run_without_fix, run, planned)
-            jobs.append(schedule.Job(_estimate(planned, "with"), with_fix))
-            jobs.append(schedule.Job(_estimate(planned), without))
+            if planned.runs("with"):
+                with_fix = functools.partial(_run_with_fix, run, planned)
+                jobs.append(schedule.Job(_estimate(planned, "with"), with_fix))
+            if planned.runs("without"):
+                without = functools.partial(_run_without_fix, run, planned)
+                jobs.append(schedule.Job(_estimate(planned), without))
     return schedule.ordered(jobs)
 
 
@@ -551,7 +603,11 @@ def _conclude_row(
     row.proof = f"reused (key {recorded.key[: ledger.KEY_SHOWN]}, {recorded.proved})"
     row.problem = _judge(row.with_fix, row.without_fix, run.declared)
     if planned.audited:
-        row.proof = f"audited in {planned.seconds:.0f} s: " + row.proof
+        seconds = planned.with_fix_seconds + planned.seconds
+        which = " and ".join(
+            f"{half} the fix" for half in sorted(planned.audited, reverse=True)
+        )
+        row.proof = f"audited in {seconds:.0f} s ({which}): " + row.proof
         if found := _audit(planned, run.declared):
             row.problem = (
                 f"audit of the row with key {recorded.key[: ledger.KEY_SHOWN]}: "
@@ -566,13 +622,14 @@ def _audit(planned: Planned, declared: symptoms.Declared) -> str:
     the fresh failures differ from their declared symptoms; "" if in no way."""
     recorded = planned.recorded
     assert recorded is not None
-    assert planned.with_fix is not None and planned.observed is not None
-    if differs := _differences(recorded.with_fix, planned.with_fix):
+    with_fix = planned.with_fix
+    if with_fix is not None and (differs := _differences(recorded.with_fix, with_fix)):
         return f"proved again with the fix, {differs}"
-    if differs := _differences(recorded.without_fix, planned.observed):
-        return f"proved again without the fix, {differs}"
-    if found := symptoms.problems(planned.observed, declared):
-        return f"proved again without the fix, {found[0]}"
+    if planned.observed is not None:
+        if differs := _differences(recorded.without_fix, planned.observed):
+            return f"proved again without the fix, {differs}"
+        if found := symptoms.problems(planned.observed, declared):
+            return f"proved again without the fix, {found[0]}"
     return ""
 
 
@@ -750,14 +807,15 @@ def main(
             f"rotation slot {number + 1} of {slots} (turn {turn}, the commit "
             f"count; AUDIT_SEED={turn} repeats it), slots sized for "
             f"{audit_minutes:g} min on {workers} CPU(s), so that any {slots} "
-            "consecutive commits audit every row; then rows proved on another "
-            "kind of machine within what this run's own proofs leave of it"
+            "consecutive commits audit both halves of every row; then halves of "
+            "rows proved on another kind of machine within what this run's own "
+            "proofs leave of it"
             if slots
             else f"within {audit_minutes:g} min: no audit budget"
             if audit_minutes <= 0
             else "no row is reused to audit"
         )
-    names = ", ".join(_name(runs, planned) for planned in audited) or "no row"
+    names = ", ".join(_audited_name(runs, planned) for planned in audited) or "no row"
     print(f"verify: auditing {names}, {how}", file=sys.stderr)
     print("\n".join(plan(runs, workers)), file=sys.stderr, flush=True)
     for run in runs:
@@ -775,6 +833,12 @@ def main(
     return 0 if all(row.holds for row in rows) else 1
 
 
+def _audited_name(runs: list[BaseRun], planned: Planned) -> str:
+    """The row, and the half audited where it is one."""
+    [half] = planned.audited if len(planned.audited) == 1 else [""]
+    return f"{_name(runs, planned)} {half}".rstrip()
+
+
 def _name(runs: list[BaseRun], planned: Planned) -> str:
     base = next(run.base.name for run in runs if planned in run.rows())
     return f"{base} {planned.subject.entry.name[:4]}"
@@ -785,7 +849,7 @@ def timing(runs: list[BaseRun], wall: float, workers: int) -> str:
     with_fix = ", ".join(
         f"{run.base.name} {run.with_fix_seconds:.0f} s" for run in runs
     )
-    proved = [p.seconds for run in runs for p in run.rows() if p.proves]
+    proved = [p.seconds for run in runs for p in run.rows() if p.runs("without")]
     return (
         f"time: with every fix {with_fix or '-'}; without a fix {len(proved)} "
         f"run(s), {sum(proved):.0f} s; {wall:.0f} s on {workers} CPU(s)"

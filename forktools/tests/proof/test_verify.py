@@ -589,8 +589,15 @@ def _run(rows: list, base: str = "v9.9.9"):
     return type("Run", (), {"rows": lambda self: rows, "base": named})()
 
 
-def _slot(planned, slots: int, base: str = "v9.9.9") -> int:
-    return verify.slot_of(f"{base}/{planned.subject.entry.name}", slots)
+def _slot(planned, half: str, slots: int, base: str = "v9.9.9") -> int:
+    return verify.slot_of(f"{base}/{planned.subject.entry.name} {half}", slots)
+
+
+def _in_slot(rows: list, slots: int, number: int) -> list:
+    """The rows with a half in slot ``number``."""
+    return [
+        row for row in rows if any(_slot(row, h, slots) == number for h in verify.HALVES)
+    ]
 
 
 def test_turns_audit_slots_that_nest_so_any_n_consecutive_turns_cover_every_slot():
@@ -614,17 +621,28 @@ def test_the_slots_are_the_fewest_whose_share_of_every_row_fits_the_budget():
     assert verify.audit_slots(5131, 1200) == 8
 
 
-def test_any_n_consecutive_commits_audit_every_row_while_the_rows_change():
+def test_the_slots_grow_until_a_cluster_of_costly_halves_fits_but_no_further():
+    rows = [_row(100, name=f"{n:04d}") for n in range(8)]
+    share = verify.audit_slots(sum(200 for _ in rows), 600)
+    assert verify._slots([_run(rows)], 600) == share  # 1,600 test-seconds
+    clustered = [*rows, _row(1000, name="0100")]  # both halves over budget
+    assert verify._slots([_run(clustered)], 600) == (
+        verify.audit_slots(3600, 600) * verify.SLOTS_OVER_SHARE
+    )
+
+
+def test_any_n_consecutive_commits_audit_every_half_while_the_rows_change():
     """The rows reused, their seconds, the run's own proofs and so the
-    number of slots change from run to run; a row that stays is audited at
-    least once in any 16 consecutive turns (16: the most slots these rows
-    ever need), in a full run of its slot whatever the run proves besides."""
+    number of slots change from run to run; each half of a row that stays
+    is audited at least once in any 64 consecutive turns (64: the most
+    slots these rows ever need), in a full run of its slot whatever the run
+    proves besides."""
     rng = random.Random(45)
     budget_minutes, workers = 10, 2  # 1,200 test-seconds a run
-    for trial in range(200):
+    for trial in range(100):
         start = rng.randrange(10_000)
-        audited_at = []
-        for turn in range(start, start + 16):
+        audited_at = {half: [] for half in verify.HALVES}
+        for turn in range(start, start + 64):
             watched = _row(rng.uniform(0, 300), name=f"{trial:04d}-watched")
             others = [
                 _row(rng.uniform(0, 300), why=rng.choice(["", "", "changed"]), name=f"{n:04d}")
@@ -635,11 +653,12 @@ def test_any_n_consecutive_commits_audit_every_row_while_the_rows_change():
             picked, number, slots = verify.pick_rotation(
                 [_run(rows)], budget_minutes, workers, turn
             )
-            assert slots <= 16
-            if watched in picked:
-                audited_at.append(turn)
-                assert _slot(watched, slots) == number
-        assert audited_at, f"trial {trial}: the watched row is never audited"
+            assert slots <= 64
+            for half in watched.audited:
+                audited_at[half].append(turn)
+                assert _slot(watched, half, slots) == number
+        for half, turns in audited_at.items():
+            assert turns, f"trial {trial}: the watched row's {half} half is never audited"
 
 
 def test_a_run_whose_own_proofs_spend_the_budget_still_audits_its_slot():
@@ -647,7 +666,8 @@ def test_a_run_whose_own_proofs_spend_the_budget_still_audits_its_slot():
     proving = [_row(1000, why="changed: the queue's tree", name="0100")]
     picked, number, slots = verify.pick_rotation([_run(rows + proving)], 10, 1, 0)
     assert slots == 8  # 3,600 test-seconds in slots of 600
-    assert picked == [row for row in rows if _slot(row, slots) == number]
+    assert picked == _in_slot(rows, slots, number)
+    assert all(_slot(row, h, slots) == number for row in picked for h in row.audited)
     instant = [_row(0), _row(0, name="0002")]  # rows too quick to count a second
     assert verify.pick_rotation([_run(instant)], 0, 2, 0)[0] == []
     assert verify.pick_rotation([_run(instant)], 1, 2, 0)[0] == instant
@@ -665,44 +685,65 @@ def test_rows_proved_on_another_kind_of_machine_are_audited_first():
         _row(50, name=f"{n:04d}", machine=elsewhere if n % 2 else None)
         for n in range(12)
     ]
-    # 1,200 test-seconds in 2 slots of a 600 budget; the turn of the smaller.
-    turn = min((0, 1), key=lambda t: sum(_slot(r, 2) == t for r in rows))
-    picked, number, slots = verify.pick_rotation([_run(rows)], 10, 1, turn)
-    assert (number, slots) == (turn, 2)
-    slot = [row for row in rows if _slot(row, slots) == number]
+    # 1,200 test-seconds in slots of a 600 budget, halves of 50.
+    picked, number, slots = verify.pick_rotation([_run(rows)], 10, 1, 0)
+    slot = _in_slot(rows, slots, number)
     mine = [row for row in slot if row.recorded.machine != elsewhere]
     assert picked[: len(slot)] == [row for row in slot if row not in mine] + mine
-    # What the slot leaves of the budget goes to the other slot's rows from
-    # elsewhere, never to its rows proved here.
-    extra = picked[len(slot) :]
-    assert len(extra) == (600 - 100 * len(slot)) // 100
-    assert all(row.recorded.machine == elsewhere for row in extra)
+    # What the slot leaves of the budget goes to other halves of rows from
+    # elsewhere, never to halves of rows proved here.
+    halves = [(row, h) for row in rows for h in verify.HALVES]
+    in_slot = sum(_slot(row, h, slots) == number for row, h in halves)
+    others = sum(
+        _slot(row, h, slots) != number
+        for row, h in halves
+        if row.recorded.machine == elsewhere
+    )
+    audited = sum(len(row.audited) for row in picked)
+    assert audited - in_slot == min((600 - 50 * in_slot) // 50, others)
+    assert all(
+        _slot(row, h, slots) == number or row.recorded.machine == elsewhere
+        for row in picked
+        for h in row.audited
+    )
 
 
 def test_an_edited_with_fix_record_is_caught_within_n_commits_while_rows_change(
     project, queue, capsys
 ):
-    """A with-fix outcome edited by hand is caught by the run of the one turn
-    among any 4 consecutive ones whose slot holds its row, while another row
-    is made stale (proved, not reused) part-way."""
+    """A with-fix outcome edited by hand is caught by the run of the one turn,
+    among any N consecutive ones (N: the rotation's slots), whose slot holds
+    its with-fix half, while another row is made stale (proved, not reused)
+    part-way."""
     row = _edit_row(project, 0, "with_fix", "tests/test_layer_3.py::test_layer_3_gone")
     name = f"{project.base.name}/{queue[0]}"
-    caught = []
-    for turn in range(100, 104):
+    minutes = 200 / 120  # 200 test-seconds on 2 CPUs; 100 a half
+
+    def even_seconds(stale: bool = False) -> None:
         file = ledger.path(project.base)
         data = json.loads(file.read_text())
-        for each in data["rows"]:  # 200 test-seconds a row: 4 slots of 200
+        for each in data["rows"]:
             each["seconds"] = each["with_fix_seconds"] = 100
-        if turn == 102:
+        if stale:
             data["rows"][2]["inputs"]["tree_without_fix"] = "0" * 40
         file.write_text(json.dumps(data))
+
+    even_seconds()
+    window = len(verify.rotation([project.base], minutes, 2))
+    caught, holding = [], []
+    for turn in range(100, 100 + window):
+        even_seconds(stale=turn == 101)
         capsys.readouterr()
-        verify.main([project.base], 2, seed=turn, audit_minutes=200 / 120)
+        verify.main([project.base], 2, seed=turn, audit_minutes=minutes)
         captured = capsys.readouterr()
-        assert "rotation slot" in captured.err and " of 4 (turn" in captured.err
+        slot = re.search(r"rotation slot (\d+) of (\d+) \(turn", captured.err)
+        number, slots = int(slot[1]) - 1, int(slot[2])
+        assert slots <= window
         if f"NO: audit of the row with key {row['key'][:12]}" in captured.out:
             caught.append(turn)
-    assert caught == [t for t in range(100, 104) if verify.turn_slot(t, 4) == verify.slot_of(name, 4)]
+        if verify.slot_of(f"{name} with", slots) == number:
+            holding.append(turn)
+    assert caught == holding
     assert len(caught) == 1
 
 
@@ -799,9 +840,9 @@ def test_costs_sum_each_test_files_seconds_from_the_ledger(project, queue):
     assert nodeid in proof.with_fix.seconds and nodeid in proof.without_fix.seconds
     shown = costs.table([project.base])
     assert "tests/test_layer_3.py" in shown and "test-seconds" in shown
-    [(rows, _)] = verify.rotation([project.base], 10, 1)
-    assert rows == [f"v9.9.9 {name[:4]}" for name in queue]
-    assert "1 slots, so any 1 consecutive commits audit every row" in (
+    [(halves, _)] = verify.rotation([project.base], 10, 1)
+    assert halves == [f"v9.9.9 {name[:4]} {h}" for name in queue for h in verify.HALVES]
+    assert "1 slots, so any 1 consecutive commits audit both halves of every row" in (
         costs.rotation_table([project.base])
     )
 
