@@ -294,11 +294,11 @@ def _slots(runs: list[BaseRun], budget: float) -> int:
     ``budget``, at most SLOTS_OVER_SHARE times as many as the share of the
     total needs."""
     total = sum(_cost(p) for run in runs for p in run.rows())
-    slots = audit_slots(total, budget)
+    share = slots = audit_slots(total, budget)
     halves = _reused_halves(runs)
-    for _ in range(SLOTS_OVER_SHARE.bit_length() - 1):
-        if max(_slot_seconds(halves, slots), default=0.0) <= budget:
-            break
+    while (
+        slots < share * SLOTS_OVER_SHARE and max(_slot_seconds(halves, slots)) > budget
+    ):
         slots *= 2
     return slots
 
