@@ -10,7 +10,10 @@ safetensors, vllm).
 ``model`` writes a 2-layer Llama (hidden 128, 4 heads of 32: CPU attention
 needs head_dim >= 32), a word-level tokenizer, a LoRA adapter in PEFT's
 layout (written with safetensors), and the greedy tokens HF transformers
-gives for fixed prompts, without and with the adapter merged.
+gives for fixed prompts, without and with the adapter merged; beside them,
+two draft models for speculative decoding (``DRAFTERS``: Llamas of one and two
+layers on the same vocabulary, each with a ``pard_token`` for parallel
+drafting).
 
 ``generate`` starts ``LLM(model=DIR, enable_lora=True, ...)``, times the
 start, and writes the greedy tokens without and with the adapter; each
@@ -19,8 +22,11 @@ is one (``tensor_parallel_size=2``; ``enable_lora=0`` runs without LoRA;
 ``dtype=bfloat16`` replaces float32; ``adapters=3`` serves two more adapters
 after the first, each loaded at runtime; ``unwrapped=NAME`` leaves that LoRA
 target unwrapped, in this process: it needs
-``VLLM_ENABLE_V1_MULTIPROCESSING=0``). The engine core is otherwise a spawned
-process, hence the ``__main__`` guard.
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``; ``draft=NAME`` decodes speculatively
+with that draft model, or ``draft=ngram`` with n-gram lookup, proposing
+``draft_tokens=K`` tokens a step, ``parallel_drafting=1`` all in one drafter
+pass). The engine core is otherwise a spawned process, hence the ``__main__``
+guard.
 """
 
 from __future__ import annotations
@@ -38,18 +44,35 @@ RANK, ALPHA = 8, 16
 LORA_TARGETS = ("q_proj", "v_proj")
 ADAPTER = "adapter"
 REFERENCE = "hf_tokens.json"
+DRAFTERS = {"draft": 1, "draft-deeper": 2}  # name: layers
+PARALLEL_DRAFTING_TOKEN = 3
 
 
 def make_model(directory: Path) -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
+    model = LlamaForCausalLM(_llama_config(layers=2)).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    _tokenizer().save_pretrained(directory)
+    for name, layers in DRAFTERS.items():
+        _write_drafter(directory / name, layers)
+    deltas = _write_adapter(model, directory / ADAPTER)
+    reference = {"base": _greedy(model, PROMPTS)}
+    _merge(model, deltas)
+    reference["lora"] = _greedy(model, PROMPTS)
+    (directory / REFERENCE).write_text(json.dumps(reference))
+
+
+def _llama_config(layers: int, **extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=4,
         max_position_embeddings=256,
@@ -57,15 +80,18 @@ def make_model(directory: Path) -> None:
         tie_word_embeddings=False,
         bos_token_id=1,
         eos_token_id=2,
+        **extra,
     )
-    model = LlamaForCausalLM(config).eval()
-    model.save_pretrained(directory, safe_serialization=True)
+
+
+def _write_drafter(directory: Path, layers: int) -> None:
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(layers)
+    config = _llama_config(layers, pard_token=PARALLEL_DRAFTING_TOKEN)
+    LlamaForCausalLM(config).eval().save_pretrained(directory, safe_serialization=True)
     _tokenizer().save_pretrained(directory)
-    deltas = _write_adapter(model, directory / ADAPTER)
-    reference = {"base": _greedy(model, PROMPTS)}
-    _merge(model, deltas)
-    reference["lora"] = _greedy(model, PROMPTS)
-    (directory / REFERENCE).write_text(json.dumps(reference))
 
 
 def _tokenizer():
@@ -150,6 +176,12 @@ def generate(directory: Path, out: Path, **engine_args: int) -> None:
     adapters = engine_args.pop("adapters", 1)
     if unwrapped := engine_args.pop("unwrapped", ""):
         _leave_unwrapped(unwrapped)
+    if draft := engine_args.pop("draft", ""):
+        tokens = engine_args.pop("draft_tokens", 2)
+        parallel = bool(engine_args.pop("parallel_drafting", 0))
+        engine_args["speculative_config"] = _speculative(
+            directory, draft, tokens, parallel
+        )
     started = time.monotonic()
     llm = LLM(
         model=str(directory),
@@ -180,6 +212,17 @@ def generate(directory: Path, out: Path, **engine_args: int) -> None:
         "kernels": importlib.util.find_spec("vllm._C").origin,
     }
     out.write_text(json.dumps(result, indent=1))
+
+
+def _speculative(directory: Path, draft: str, tokens: int, parallel: bool) -> dict:
+    if draft == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": tokens}
+    return {
+        "method": "draft_model",
+        "model": str(directory / draft),
+        "num_speculative_tokens": tokens,
+        "parallel_drafting": parallel,
+    }
 
 
 def _leave_unwrapped(module_name: str) -> None:

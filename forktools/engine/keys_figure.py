@@ -3,8 +3,9 @@ what compiles differently? A matrix of real-world changes between two
 engine starts on one cache root, fork against pristine.
 
 Each cell is a pair of ``LLM(...)`` starts of the base's CPU engine (the
-tiny Llama of ``forktools/engine/engine_run.py``, LoRA on, AOT compile on), or of
-its API server: A cold on an empty cache root, then B, changed as the cell
+tiny Llama of ``forktools/engine/engine_run.py``, LoRA on, AOT compile on; the
+speculative cells, LoRA off, add its tiny draft models), or of its API
+server: A cold on an empty cache root, then B, changed as the cell
 says, on A's root.
 Recorded for B: whether it got A's hash directory (no new
 ``torch_aot_compile/<hash>`` beside A's), whether it loaded an AOT artifact,
@@ -82,7 +83,14 @@ class Cell:
     hf_attribute: tuple[int | None, int | None] | None = None
     wheel: bool = False  # B runs the fork wheel's files, at another path
     server: bool = False  # API server starts, B on another port and name
+    # Where B compiles one model and should load the others' artifacts (a
+    # target and its drafter): how many it should load.
+    loads: int = 0
+    since: str = ""  # the first base whose CPU engine runs the cell
     why: str = ""  # what the cell stands for
+
+    def runs_on(self, version: str) -> bool:
+        return not self.since or _release(version) >= _release(self.since)
 
     @property
     def b_runs_otherwise(self) -> bool:
@@ -95,6 +103,10 @@ class Cell:
         )
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
 # A's engine arguments that change what it does after starting, not the start.
 RUNTIME_ONLY = {"adapters"}
 UNWRAPPED = "model.layers.1.self_attn.qkv_proj"
@@ -103,6 +115,15 @@ IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 # "Not enough allowed NUMA nodes"); LoRA off, as the ranks engine test runs.
 ONE_STAGE = {"enable_lora": 0, "distributed_executor_backend": "mp"}
 RANK_PER_CORE = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+# Draft-model speculative decoding, k = 2, LoRA off (as the speculative
+# engine tests run); v0.19.1's CPU model runner refuses speculative decoding.
+SPECULATIVE = {"enable_lora": 0, "draft": "draft", "draft_tokens": 2}
+PARALLEL = {**SPECULATIVE, "parallel_drafting": 1}
+SPECULATIVE_SINCE = "0.33.0"
+SAME_TARGET = (
+    "the target's graph is the same: neither method returns auxiliary hidden "
+    "states, the only speculative input to it"
+)
 CELLS = (
     Cell(
         "restart",
@@ -159,6 +180,45 @@ CELLS = (
         "and neither start uses that executor",
     ),
     Cell(
+        "another k drafting token by token",
+        "load",
+        first=SPECULATIVE,
+        args={**SPECULATIVE, "draft_tokens": 3},
+        since=SPECULATIVE_SINCE,
+        why="A drafts k=2 tokens with a one-layer draft model, B k=3: each drafter "
+        "pass is a one-token-per-request graph run k times, and the target's "
+        "graph takes any token count; on GPU k also sets the CUDA graph sizes, "
+        "which the CPU platform clears (53366)",
+    ),
+    Cell(
+        "another k drafting in parallel",
+        "load",
+        first=PARALLEL,
+        args={**PARALLEL, "draft_tokens": 3},
+        since=SPECULATIVE_SINCE,
+        why="as above with parallel_drafting: the drafter takes all k slots in one "
+        "pass of a graph over any token count; only a drafter that builds k into "
+        "its layers (DFlash2's block_size = 1 + k, 53313) compiles differently, "
+        "and it runs only in the GPU model runner",
+    ),
+    Cell(
+        "another speculative method",
+        "load",
+        first=SPECULATIVE,
+        args={"enable_lora": 0, "draft": "ngram", "draft_tokens": 2},
+        since=SPECULATIVE_SINCE,
+        why="A drafts with the draft model, B with n-gram lookup, which compiles "
+        f"nothing: {SAME_TARGET}",
+    ),
+    Cell(
+        "speculative decoding on, then off",
+        "load",
+        first=SPECULATIVE,
+        args={"enable_lora": 0},
+        since=SPECULATIVE_SINCE,
+        why=f"A drafts with the draft model, B decodes without drafting: {SAME_TARGET}",
+    ),
+    Cell(
         "a restart after adapters added at runtime",
         "load",
         first={"adapters": 3},
@@ -203,6 +263,16 @@ CELLS = (
     ),
     Cell("another dtype", "compile", args={"dtype": "bfloat16"}, why="B in bfloat16"),
     Cell(
+        "another draft model",
+        "compile",
+        first=SPECULATIVE,
+        args={**SPECULATIVE, "draft": "draft-deeper"},
+        loads=1,
+        since=SPECULATIVE_SINCE,
+        why="B's draft model has two layers, A's one: B compiles its drafter (47911) "
+        f"and should load the target's artifact, as {SAME_TARGET}",
+    ),
+    Cell(
         "an undeclared HF config attribute added",
         "compile",
         hf_attribute=(None, 2),
@@ -223,7 +293,7 @@ class Outcome:
     cell: Cell
     tree: str
     same_dir: bool
-    loaded: bool
+    loaded: int  # artifacts
     compiled: bool
     tokens_equal: bool
     died: str = ""  # B's exception, where B did not finish its start
@@ -236,7 +306,10 @@ class Outcome:
             if self.died:
                 return "B died"
             return "ok" if self.loaded and self.tokens_equal else "wrong tokens"
-        if self.same_dir or self.loaded or not self.tokens_equal:
+        if self.loaded < self.cell.loads:
+            return "B died" if self.died else "FALSE MISS"
+        wrong_dir = self.same_dir and not self.cell.loads
+        if wrong_dir or self.loaded > self.cell.loads or not self.tokens_equal:
             return "FALSE HIT"
         return "B died" if self.died else "ok"
 
@@ -417,7 +490,7 @@ def _outcome(cell, before, after, events, tokens_equal, died="") -> Outcome:
         cell,
         "",
         same_dir=after == before,
-        loaded=events[llm.AOT_LOADED] > 0,
+        loaded=events[llm.AOT_LOADED],
         compiled=events[llm.AOT_SAVED] > 0 or events[llm.RECOMPILED] > 0,
         tokens_equal=tokens_equal,
         died=died,
@@ -478,13 +551,15 @@ def wheel_site(base: Base, work: Path) -> Path:
 def measure(
     base: Base, say: Callable[[str], None], checkout: Callable
 ) -> list[Outcome] | None:
-    """Every selected cell on the fork tree and on pristine with the warm-load
-    fix, each in a ``checkout(tree, revision)`` of its own; None when the base
-    pins no engine."""
+    """Every selected cell the base's engine runs, on the fork tree and on
+    pristine with the warm-load fix, each in a ``checkout(tree, revision)`` of
+    its own; None when the base pins no engine."""
     python = venv.ensure_engine(base)
     if python is None:
         return None
-    cells = selected_cells()
+    cells = [cell for cell in selected_cells() if cell.runs_on(base.version)]
+    if not cells:
+        return []
     tree = materialize.ensure(base)
     work = Path(tempfile.mkdtemp(prefix="vllm-fork-bench-keys-"))
     outcomes: list[Outcome] = []

@@ -29,6 +29,30 @@ def test_a_cell_is_judged_by_its_directory_load_compile_and_tokens(
     assert Outcome(cell, "fork", same_dir, loaded, compiled, tokens).verdict == verdict
 
 
+DRAFTER = Cell("another draft model", "compile", loads=1)
+
+
+@pytest.mark.parametrize(
+    "loaded, tokens, verdict",
+    [
+        (1, True, "ok"),  # the target's artifact loaded, the drafter compiled
+        (0, True, "FALSE MISS"),  # the target compiled again as well
+        (2, True, "FALSE HIT"),  # the drafter's old artifact loaded too
+        (1, False, "FALSE HIT"),
+    ],
+)
+def test_a_start_of_two_models_is_judged_by_how_many_it_loads(loaded, tokens, verdict):
+    outcome = Outcome(DRAFTER, "fork", False, loaded, True, tokens)
+    assert outcome.verdict == verdict
+
+
+def test_a_cell_runs_from_the_first_base_whose_engine_has_it():
+    cell = Cell("another k", "load", since="0.33.0")
+    releases = ("0.19.1", "0.33.0", "0.34.0", "0.100.0")
+    assert [v for v in releases if cell.runs_on(v)] == ["0.33.0", "0.34.0", "0.100.0"]
+    assert LOAD.runs_on("0.19.1")
+
+
 def test_only_the_forks_own_misses_count_against_it():
     other = Cell("root copied to another path", "load", move_root=True)
     outcomes = [
