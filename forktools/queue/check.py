@@ -38,6 +38,34 @@ def export_problems(base: Base) -> list[str]:
     found += _applies_alone(base, tree)
     found += _fixes_apply_in_order(base, tree)
     found += _without_fix_diffs(base)
+    found += _ports(base)
+    return found
+
+
+def _ports(base: Base) -> list[str]:
+    """Each port sits under the release it was written on and is named for
+    the fix it ports, whose subject it carries (``make apply`` takes it as
+    that fix)."""
+    fixes = {entry.name: entry for entry in series.fixes(base)}
+    found = []
+    for release, port in series.ports(base):
+        shown = f"patches/{base.name}/{port.name}"
+        fix = fixes.get(Path(port.name).name)
+        if not pins.is_release(release):
+            found.append(
+                f"{shown}: {release} is not a release version; a port goes in "
+                f"patches/{base.name}/{series.PORTS}/<the release it was written on>/"
+            )
+        elif fix is None:
+            found.append(
+                f"{shown} ports no fix of the {base.name} queue: name it as the "
+                "fix's patch file"
+            )
+        elif port.subject(base) != fix.subject(base):
+            found.append(
+                f"{shown}: its subject is not its fix's ({fix.subject(base)!r}); "
+                "a port keeps the fix's subject and message"
+            )
     return found
 
 

@@ -132,6 +132,14 @@ _VERSION = re.compile(r"(?P<release>\d+(?:\.\d+)*)(?:(?P<pre>a|b|rc)(?P<n>\d+))?
 _PRE = {"a": 0, "b": 1, "rc": 2, None: 3}  # a final release sorts after its rcs
 
 
+def is_release(version: str) -> bool:
+    try:
+        version_key(version)
+    except ValueError:
+        return False
+    return True
+
+
 def version_key(version: str) -> tuple[int, ...]:
     """Sortable form of a release version: ``0.34.0``, ``0.35.0rc1``."""
     found = _VERSION.fullmatch(version)

@@ -90,6 +90,20 @@ def entries(base: Base) -> list[Entry]:
     return result
 
 
+PORTS = "ports"
+
+
+def ports(base: Base) -> list[tuple[str, Entry]]:
+    """The queue's ports, as (release, entry): a fix and its tests written
+    again on a release no queue is pinned to, kept as
+    ``patches/<base>/ports/<release>/<the fix's patch name>``."""
+    found = sorted((base.patch_dir / PORTS).glob("*/*"))
+    return [
+        (path.parent.name, Entry(str(path.relative_to(base.patch_dir))))
+        for path in found
+    ]
+
+
 def fixes(base: Base) -> list[Entry]:
     """The queue's patches that change ``vllm/``, in order: what an internal
     build cherry-picks; the others are tests only."""

@@ -12,10 +12,13 @@ of:
 - **applied**: ``git am --3way`` on the branch (``forktools.shipping.user_checkout``,
   as ``make pr ONTO=``), the queue's own patch or, where it does not apply,
   another queue's patch of the same fix (same subject or regression test
-  module); with ``python``, proved there: the fix's tests pass with it and
-  fail without it (its source reverted, its tests kept), each failure the
-  declared symptom. A fix whose tests pass without it is **not needed** on
-  this build and is taken off the branch again;
+  module), else a port of it: the same fix and tests written on a release
+  no queue is pinned to, kept as ``patches/<base>/ports/<release>/<the
+  fix's patch name>`` (nearest release first); with ``python``, proved
+  there: the fix's tests pass with it and fail without it (its source
+  reverted, its tests kept), each failure the declared symptom. A fix whose
+  tests pass without it is **not needed** on this build and is taken off the
+  branch again;
 - **conflict**: the run stops naming the file, the conflicted lines and the
   fix; ``git am --continue``, then ``make apply`` again, goes on from the
   branch.
@@ -37,11 +40,47 @@ from pathlib import Path
 from forktools import proof
 from forktools.queue import commits, materialize, pins, series
 from forktools.queue.pins import Base, ForkError
-from forktools.shipping import user_checkout
+from forktools.shipping import release_sdists, user_checkout
 from forktools.shipping.user_checkout import git_in
 
 HAS_IT, APPLIED, NOT_NEEDED, CONFLICT = "has it", "applied", "not needed", "conflict"
 _VERSION_FILE = re.compile(r"""version\s*=\s*['"]v?([0-9][^'"+]*)""")
+
+
+@dataclass(frozen=True)
+class Version:
+    """One version of a fix: a queue's patch, or a port of one to a release."""
+
+    base: Base  # the queue that carries it; its symptoms judge the tests
+    patch: Path
+    release: str = ""  # a port: the release it was written on
+
+    @property
+    def short(self) -> str:
+        return f"the {self.release} port" if self.release else f"{self.base.name}'s"
+
+    @property
+    def described(self) -> str:
+        if self.release:
+            return (
+                f"its port to {self.release} (ports/{self.release}/{self.patch.name})"
+            )
+        return f"{self.base.name}'s version of it ({self.patch.name})"
+
+    def blobs(self) -> Path:
+        """A git repository holding the blobs the patch was written against."""
+        if self.release:
+            return release_sdists.checkout_of(self.release)
+        return materialize.ensure(self.base)
+
+
+def ports(base: Base, entry: series.Entry) -> list[Version]:
+    """The ports of ``base``'s fix ``entry``, by release."""
+    return [
+        Version(base, base.patch_dir / port.name, release)
+        for release, port in series.ports(base)
+        if Path(port.name).name == entry.name
+    ]
 
 
 @dataclass
@@ -65,7 +104,7 @@ def checkout_version(checkout: Path) -> tuple[str, str]:
         checkout, "describe", "--tags", "--abbrev=0", "--match", "v[0-9]*"
     )
     tag = described.stdout.strip()
-    if described.returncode == 0 and _is_release(tag.removeprefix("v")):
+    if described.returncode == 0 and pins.is_release(tag.removeprefix("v")):
         return tag.removeprefix("v"), f"the tag {tag} on its history"
     version_file = checkout / "vllm" / "_version.py"
     found = (
@@ -73,20 +112,12 @@ def checkout_version(checkout: Path) -> tuple[str, str]:
         if version_file.exists()
         else None
     )
-    if found and _is_release(found[1]):
+    if found and pins.is_release(found[1]):
         return found[1], "vllm/_version.py"
     raise ForkError(
         f"ONTO={checkout}: cannot tell its vLLM version (no release tag v* on its "
         "history, no vllm/_version.py): give BASE=<the pinned base it is closest to>"
     )
-
-
-def _is_release(version: str) -> bool:
-    try:
-        pins.version_key(version)
-    except ValueError:
-        return False
-    return True
 
 
 def base_for(version: str, pinned: pins.Pins) -> Base:
@@ -177,18 +208,18 @@ def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> 
     if held := _has_it(base, entry, target.version, checkout):
         fix.outcome, fix.how = HAS_IT, held
         return
-    taken = _first_applying(base, entry, pinned, checkout)
+    taken = _first_applying(base, entry, target.version, pinned, checkout)
     if taken:
-        other, patch, applied = taken
+        version, applied = taken
         fix.outcome = APPLIED
         output = applied.stdout + applied.stderr
         fix.how = "three-way" if "3-way" in output else "clean"
-        if other is not base:
-            fix.how += f", {other.name}'s version of it ({patch.name})"
+        if version.patch != base.patch_dir / entry.name:
+            fix.how += f", {version.described}"
     else:
         fix.outcome, fix.how = CONFLICT, "applies from no queue"
         patch = base.patch_dir / entry.name
-        applied = _am(base, patch, checkout)
+        applied = _am(Version(base, patch), checkout)
         shown = f"patches/{base.name}/{entry.name}"
         stopped = user_checkout.conflict(
             shown,
@@ -201,18 +232,19 @@ def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> 
         )
         raise ForkError(f"{stopped}\n{_why_conflict(base, entry, target.version)}")
     head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
-    _prove_if(fix, other, checkout, head, python)
+    _prove_if(fix, version.base, checkout, head, python)
 
 
 def _first_applying(
-    base: Base, entry: series.Entry, pinned: pins.Pins, checkout: Path
-) -> tuple[Base, Path, subprocess.CompletedProcess[str]] | None:
+    base: Base, entry: series.Entry, release: str, pinned: pins.Pins, checkout: Path
+) -> tuple[Version, subprocess.CompletedProcess[str]] | None:
     """The first version of the fix (``_versions``) that applies onto the
-    checkout, committed there; None, the checkout as it was, if none does."""
-    for other, patch in _versions(base, entry, pinned):
-        applied = _am(other, patch, checkout)
+    checkout of vLLM ``release``, committed there; None, the checkout as it
+    was, if none does."""
+    for version in _versions(base, entry, release, pinned):
+        applied = _am(version, checkout)
         if applied.returncode == 0:
-            return other, patch, applied
+            return version, applied
         git_in(checkout, "am", "--abort")
     return None
 
@@ -233,8 +265,8 @@ def try_alone(
 ) -> str:
     """What ``make apply`` makes of ``entry`` alone on the clean ``checkout``
     of vLLM ``version``, which is left as it was: "has it (...)", "applies",
-    "applies as <base>'s", "no code" (none of the files it fixes is there)
-    or "port needed"."""
+    "applies as <base>'s", "applies as the <release> port", "no code" (none
+    of the files it fixes is there) or "port needed"."""
     sources = [name for name in entry.changed_files(base) if name.startswith("vllm/")]
     if held := _has_it(base, entry, version, checkout):
         released = entry.upstream_status(base).released_in
@@ -242,12 +274,14 @@ def try_alone(
     if not any((checkout / name).exists() for name in sources):
         return "no code"
     head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
-    taken = _first_applying(base, entry, pinned, checkout)
+    taken = _first_applying(base, entry, version, pinned, checkout)
     if not taken:
         return "port needed"
     git_in(checkout, "reset", "--quiet", "--hard", head, check=True)
-    other = taken[0]
-    return "applies" if other is base else f"applies as {other.name}'s"
+    taken_version = taken[0]
+    if taken_version.patch == base.patch_dir / entry.name:
+        return "applies"
+    return f"applies as {taken_version.short}"
 
 
 def _why_conflict(base: Base, entry: series.Entry, version: str) -> str:
@@ -274,20 +308,26 @@ def _has_it(base: Base, entry: series.Entry, version: str, checkout: Path) -> st
     return ""
 
 
-def _versions(base: Base, entry: series.Entry, pinned: pins.Pins):
+def _versions(base: Base, entry: series.Entry, release: str, pinned: pins.Pins):
     """The fix's patch in ``base``'s queue, then its versions in the other
-    queues (``same_fix``), nearest base first."""
-    yield base, base.patch_dir / entry.name
-    ours = pins.version_key(base.version)
-
-    def distance(other: Base) -> tuple[int, ...]:
-        theirs = pins.version_key(other.version)
-        return tuple(abs(a - b) for a, b in zip(theirs, ours, strict=True))
-
-    for other in sorted(pinned.newest_first(), key=distance)[1:]:
+    queues (``same_fix``), nearest base first, then its ports, the one
+    written on the release nearest ``release`` first."""
+    yield Version(base, base.patch_dir / entry.name)
+    queues = sorted(
+        pinned.newest_first(), key=lambda other: _distance(other.version, base.version)
+    )
+    for other in queues[1:]:
         for candidate in series.fixes(other):
             if same_fix(base, entry, other, candidate):
-                yield other, other.patch_dir / candidate.name
+                yield Version(other, other.patch_dir / candidate.name)
+    yield from sorted(
+        ports(base, entry), key=lambda port: _distance(port.release, release)
+    )
+
+
+def _distance(version: str, other: str) -> tuple[int, ...]:
+    pairs = zip(pins.version_key(version), pins.version_key(other), strict=True)
+    return tuple(abs(a - b) for a, b in pairs)
 
 
 def same_fix(
@@ -301,9 +341,9 @@ def same_fix(
     return bool(entry.new_test_modules(base) & candidate.new_test_modules(other))
 
 
-def _am(base: Base, patch: Path, checkout: Path) -> subprocess.CompletedProcess[str]:
-    user_checkout.bring_blobs(materialize.ensure(base), patch, checkout)
-    return git_in(checkout, "am", "--3way", "--keep-non-patch", str(patch))
+def _am(version: Version, checkout: Path) -> subprocess.CompletedProcess[str]:
+    user_checkout.bring_blobs(version.blobs(), version.patch, checkout)
+    return git_in(checkout, "am", "--3way", "--keep-non-patch", str(version.patch))
 
 
 def _prove(fix: Fix, base: Base, checkout: Path, commit: str, python: Path) -> None:

@@ -8,22 +8,21 @@ published sha256 checked) becomes a git checkout in the cache, one commit,
 and each fix of the oldest base's queue (the one that carries them all) is
 tried alone on it (``apply.try_alone``): in the version of the nearest base
 at or below the release where that queue carries it, else the oldest's, then
-any other queue's. A cell says "has it" (with the upstream release that
-fixed it, or "code" where its source changes reverse-apply), "applies",
-"applies as <base>'s", "no code" (none of the files it fixes is there) or
-"port needed" (the release has the bug and no queue's version applies).
+any other queue's, then its ports. A cell says "has it" (with the upstream
+release that fixed it, or "code" where its source changes reverse-apply),
+"applies", "applies as <base>'s", "applies as the <release> port" (a port
+kept in ``patches/<base>/ports/<release>/``), "no code" (none of the files
+it fixes is there) or "port needed" (the release has the bug and neither a
+queue's version nor a port applies).
 """
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tarfile
-from pathlib import Path
 
-from forktools.queue import download, file_locks, git, pins, series
+from forktools.queue import download, pins, series
 from forktools.queue.pins import Base
-from forktools.shipping import apply
+from forktools.shipping import apply, release_sdists
 
 PAGE = "docs/releases.md"
 
@@ -49,41 +48,11 @@ def releases(pinned: pins.Pins) -> list[str]:
     return [latest[minor] for minor in sorted(latest)]
 
 
-def checkout_of(version: str) -> Path:
-    """A git checkout of the release's sdist, one commit, in the cache;
-    unpacked once, one run at a time."""
-    path = download.cache_dir() / "releases" / f"vllm-{version}"
-    with file_locks.held(
-        download.lock_file(f"release-{version}"), f"to unpack {version}"
-    ):
-        if not (path / ".git").exists():
-            _unpack(version, path)
-    return path
-
-
-def _unpack(version: str, path: Path) -> None:
-    [sdist] = [
-        o for o in download.offers("vllm", version) if o.file.endswith(".tar.gz")
-    ]
-    archive = download.fetch_offer(sdist)
-    extract = path.with_name(f"{path.name}.extract")
-    for leftover in (extract, path):
-        shutil.rmtree(leftover, ignore_errors=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(extract, filter="data")
-    unpacked = extract / f"vllm-{version}"
-    git.run(unpacked, "init", "--quiet")
-    git.run(unpacked, "add", "--all")
-    git.run(unpacked, "commit", "--quiet", "-m", f"vLLM {version} (sdist)")
-    unpacked.rename(path)
-    shutil.rmtree(extract)
-
-
 def row(
     version: str, fixes: list[series.Entry], oldest: Base, pinned: pins.Pins
 ) -> list[str]:
     """Each fix on the release, alone."""
-    checkout = checkout_of(version)
+    checkout = release_sdists.checkout_of(version)
     nearest = apply.base_for(version, pinned)
     cells = []
     for entry in fixes:

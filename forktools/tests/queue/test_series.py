@@ -227,6 +227,31 @@ def test_check_flags_a_missing_series_and_unlisted_patches(project):
     ]
 
 
+def test_check_flags_a_port_under_no_release_or_of_no_fix(project):
+    materialize.ensure(project.base)
+    _fix(project)
+    [name] = export.export(project.base)
+    fix = (project.base.patch_dir / name).read_text()
+    ports = project.base.patch_dir / "ports"
+    for place, text in [
+        (f"9.9.10/{name}", fix),  # a good one
+        (f"latest/{name}", fix),
+        ("9.9.10/0009-Unknown.patch", fix),
+        (f"9.9.11/{name}", fix.replace("layer 3 return 33", "layer 3 right")),
+    ]:
+        (ports / place).parent.mkdir(parents=True, exist_ok=True)
+        (ports / place).write_text(text)
+    shown = f"patches/{project.base.name}/ports"
+    assert check.problems(project.base) == [
+        f"{shown}/9.9.10/0009-Unknown.patch ports no fix of the {project.base.name} "
+        "queue: name it as the fix's patch file",
+        f"{shown}/9.9.11/{name}: its subject is not its fix's ({FIX!r}); a port "
+        "keeps the fix's subject and message",
+        f"{shown}/latest/{name}: latest is not a release version; a port goes in "
+        f"patches/{project.base.name}/ports/<the release it was written on>/",
+    ]
+
+
 def test_check_flags_a_without_fix_diff_that_changes_tests_or_names_no_patch(
     project,
 ):

@@ -29,6 +29,10 @@ def _fix(project, layer: int, test: str) -> None:
     project.commit("vllm/core.py", fixed, message)
 
 
+def _layer_3_rewritten(core: str) -> str:
+    return core.replace("    return 3\n", "    value = 3\n    return value\n")
+
+
 @pytest.fixture
 def fixes(project) -> list[str]:
     """A queue of two fixes, layer 3 and layer 5, with their symptoms."""
@@ -193,8 +197,7 @@ def test_another_queues_version_of_a_fix_is_taken_where_the_bases_does_not_apply
 ):
     # A newer release writes layer 3 another way; its queue carries the same
     # fix written for that code, under the same subject.
-    rewritten = CORE.replace("    return 3\n", "    value = 3\n    return value\n")
-    name = _pin_newer(project, "9.9.10", rewritten)
+    name = _pin_newer(project, "9.9.10", _layer_3_rewritten(CORE))
     newer = pins.load().get(name)
     tree = materialize.ensure(newer)
     core = (tree / "vllm/core.py").read_text()
@@ -218,6 +221,33 @@ def test_another_queues_version_of_a_fix_is_taken_where_the_bases_does_not_apply
     )
     assert f"| {fixes[1]} | applied | clean | proved: " in report
     assert "vLLM 9.9.9 (read from BASE=v9.9.9: none of its own)" in report
+    assert "value = 33" in (checkout / "vllm/core.py").read_text()
+
+
+def test_a_port_is_taken_where_no_queue_has_a_version_that_applies(
+    project, fixes, tmp_path, monkeypatch
+):
+    # Release 9.9.10, pinned by no queue, writes layer 3 another way; the
+    # v9.9.9 queue keeps a port of its fix written on that release.
+    release = _checkout(project, tmp_path / "release", _layer_3_rewritten)
+    core = (release / "vllm/core.py").read_text()
+    (release / "vllm/core.py").write_text(core.replace("value = 3\n", "value = 33\n"))
+    (release / "tests/test_layer_3.py").write_text(LAYER_3)
+    git(release, "add", "vllm/core.py", "tests/test_layer_3.py")
+    message = git(project.tree, "log", "--format=%B", "-n", "1", "HEAD~1")
+    git(release, "commit", "-q", "-s", "-m", message)
+    port = project.base.patch_dir / "ports" / "9.9.10" / fixes[0]
+    port.parent.mkdir(parents=True)
+    port.write_text(git(release, "format-patch", "-1", "--stdout"))
+    monkeypatch.setattr(apply.release_sdists, "checkout_of", lambda version: release)
+    checkout = _checkout(project, tmp_path / "user", _layer_3_rewritten)
+    entries = series.fixes(project.base)
+    cell = apply.try_alone(checkout, project.base, entries[0], VERSION, pins.load())
+    assert cell == "applies as the 9.9.10 port"
+    assert apply.main(checkout, None, sys.executable) == 0
+    report = _report(project, checkout)
+    taken = f"clean, its port to 9.9.10 (ports/9.9.10/{fixes[0]}) | proved: "
+    assert f"| {fixes[0]} | applied | {taken}" in report
     assert "value = 33" in (checkout / "vllm/core.py").read_text()
 
 
