@@ -3,7 +3,7 @@ PYTHON ?= python3
 BASE ?=
 # A variable the targets do not read (a typo, `base=` for `BASE=`) would be
 # ignored silently: name it instead.
-known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH WIDE FIGURES CELLS FROM NO_LOCK ONTO
+known_vars := PYTHON BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED HUNKS PATCH TO PROBE PORTED ALL SMOKE FETCH WIDE FIGURES CELLS FROM NO_LOCK ONTO CPU
 given_vars := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
 # Settings for the commands underneath (VLLM_FORK_*, PIP_*, ...) pass through.
 passed_vars := MAKEFLAGS VLLM_% PIP_% UV_%
@@ -30,7 +30,7 @@ reads_engine := BASE SMOKE
 reads_test-tooling :=
 reads_test := BASE JOBS FRESH AUDIT AUDIT_MINUTES AUDIT_SEED
 reads_pr := BASE PATCH ONTO
-reads_apply := BASE ONTO
+reads_apply := BASE ONTO CPU
 reads_releases :=
 reads_rebase := TO PROBE PORTED
 reads_bench := BASE FIGURES CELLS
@@ -129,9 +129,9 @@ pr: ## patch PATCH of BASE for upstream, signed off by you, and its PR body (ONT
 	$(if $(PATCH),,$(error make pr needs PATCH=n: the patch's number in patches/<base>/series (make status lists them)))
 	$(forktools) pr $(base_arg) --patch $(PATCH) $(if $(ONTO),--onto $(ONTO) $(if $(filter command line,$(origin PYTHON)),--python $(PYTHON)))
 
-apply: ## every fix your vLLM checkout needs, on a new branch (ONTO=<checkout>; BASE=: another base than its version's; PYTHON=: prove each there), report in apply/
+apply: ## every fix your vLLM checkout needs, on a new branch (ONTO=<checkout>; BASE=: another base than its version's; PYTHON=: prove each there; CPU=1: no GPU, the fork's CPU harness), report in apply/
 	$(if $(ONTO),,$(error make apply needs ONTO=<your vLLM git checkout>))
-	$(forktools) apply --onto $(ONTO) $(base_arg) $(if $(filter command line,$(origin PYTHON)),--python $(PYTHON))
+	$(forktools) apply --onto $(ONTO) $(base_arg) $(if $(filter command line,$(origin PYTHON)),--python $(PYTHON)) $(if $(CPU),--cpu)
 
 releases: ## every release from the oldest pin to the newest against every fix, as make apply takes it, into docs/releases.md (downloads each release's sdist once, 30 to 50 MB)
 	$(forktools) releases

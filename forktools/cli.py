@@ -183,8 +183,14 @@ def cmd_apply(args) -> int:
     """Every fix your vLLM checkout needs, on a new branch, each proved there."""
     from forktools.shipping import apply
 
-    python = Path(args.python).expanduser() if args.python else None
-    return apply.main(Path(args.onto).expanduser(), args.base, python)
+    if args.cpu and not args.python:
+        raise ForkError("--cpu goes with --python: the environment the tests run in")
+    environment = (
+        apply.TestEnvironment(Path(args.python).expanduser(), args.cpu)
+        if args.python
+        else None
+    )
+    return apply.main(Path(args.onto).expanduser(), args.base, environment)
 
 
 def cmd_releases(args) -> int:
@@ -488,6 +494,13 @@ def parser() -> argparse.ArgumentParser:
         "--python",
         help="the Python of an environment where that checkout is installed: "
         "each applied fix's tests run there with it and without it",
+    )
+    sub.choices["apply"].add_argument(
+        "--cpu",
+        action="store_true",
+        help="with --python, on a machine without a GPU: run the tests under the "
+        "fork's CPU harness (forktools/engine/harness: the CPU platform pinned, "
+        "stand-in schemas for the CUDA kernels' ops), as make verify does",
     )
     sub.choices["apply"].epilog = (
         "Reads the checkout's vLLM version from its newest release tag, else from "

@@ -83,6 +83,16 @@ def ports(base: Base, entry: series.Entry) -> list[Version]:
     ]
 
 
+@dataclass(frozen=True)
+class TestEnvironment:
+    """Where the fixes' tests run: the Python of an environment with the
+    checkout installed; ``cpu``: under the fork's CPU harness, on a machine
+    without a GPU, as ``make verify`` runs them."""
+
+    python: Path
+    cpu: bool = False
+
+
 @dataclass
 class Fix:
     """One fix of the queue and what became of it in the checkout."""
@@ -148,7 +158,9 @@ class Target:
     on_branch: dict[str, str]  # an earlier run's fixes: subject -> commit
 
 
-def main(checkout: Path, base_name: str | None, python: Path | None) -> int:
+def main(
+    checkout: Path, base_name: str | None, environment: TestEnvironment | None
+) -> int:
     user_checkout.require_checkout(checkout)
     user_checkout.require_clean(checkout, "make apply")
     pinned = pins.load()
@@ -165,7 +177,7 @@ def main(checkout: Path, base_name: str | None, python: Path | None) -> int:
     target = _target(checkout, version, base, {f.entry.subject(base) for f in fixes})
     try:
         for fix in fixes:
-            _apply(fix, target, pinned, python)
+            _apply(fix, target, pinned, environment)
     finally:
         report = _report(target, read_from, fixes)
     for fix in fixes:
@@ -199,11 +211,13 @@ def _target(checkout: Path, version: str, base: Base, subjects: set[str]) -> Tar
     raise ForkError(f"{checkout}: {branch} holds nothing but fixes; remove it")
 
 
-def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> None:
+def _apply(
+    fix: Fix, target: Target, pinned: pins.Pins, environment: TestEnvironment | None
+) -> None:
     base, entry, checkout = target.base, fix.entry, target.checkout
     if earlier := target.on_branch.get(entry.subject(base)):
         fix.outcome, fix.how = APPLIED, "on the branch from an earlier run"
-        _prove_if(fix, base, checkout, earlier, python)
+        _prove_if(fix, base, checkout, earlier, environment)
         return
     if held := _has_it(base, entry, target.version, checkout):
         fix.outcome, fix.how = HAS_IT, held
@@ -232,7 +246,7 @@ def _apply(fix: Fix, target: Target, pinned: pins.Pins, python: Path | None) -> 
         )
         raise ForkError(f"{stopped}\n{_why_conflict(base, entry, target.version)}")
     head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
-    _prove_if(fix, version.base, checkout, head, python)
+    _prove_if(fix, version.base, checkout, head, environment)
 
 
 def _first_applying(
@@ -250,14 +264,18 @@ def _first_applying(
 
 
 def _prove_if(
-    fix: Fix, base: Base, checkout: Path, commit: str, python: Path | None
+    fix: Fix,
+    base: Base,
+    checkout: Path,
+    commit: str,
+    environment: TestEnvironment | None,
 ) -> None:
-    if python is None:
+    if environment is None:
         fix.proof = (
             "not proved here (PYTHON=: an environment with the checkout installed)"
         )
     else:
-        _prove(fix, base, checkout, commit, python)
+        _prove(fix, base, checkout, commit, environment)
 
 
 def try_alone(
@@ -346,7 +364,9 @@ def _am(version: Version, checkout: Path) -> subprocess.CompletedProcess[str]:
     return git_in(checkout, "am", "--3way", "--keep-non-patch", str(version.patch))
 
 
-def _prove(fix: Fix, base: Base, checkout: Path, commit: str, python: Path) -> None:
+def _prove(
+    fix: Fix, base: Base, checkout: Path, commit: str, environment: TestEnvironment
+) -> None:
     """The tests of the fix ``commit`` in the checkout with it (HEAD) and
     without it (its source changes reverted there for the run, its tests
     kept), judged as ``make verify`` judges a row; a fix at the tip whose
@@ -357,7 +377,9 @@ def _prove(fix: Fix, base: Base, checkout: Path, commit: str, python: Path) -> N
     if not tests:
         fix.proof = "not proved: the patch adds no test"
         return
-    with_fix = _run(checkout, python, tests, "with")
+    changed = git_in(checkout, "diff", "--name-only", f"{commit}~1", commit).stdout
+    _forget_bytecode(checkout, changed.split())
+    with_fix = _run(checkout, environment, tests, "with")
     source = git_in(checkout, "diff", f"{commit}~1", commit, "--", "vllm").stdout
     reverted = subprocess.run(
         ["git", "-C", str(checkout), "apply", "--reverse"],
@@ -369,9 +391,11 @@ def _prove(fix: Fix, base: Base, checkout: Path, commit: str, python: Path) -> N
         fix.proof = "NOT proved: its source changes do not revert at HEAD"
         return
     try:
-        without = _run(checkout, python, tests, "without")
+        _forget_bytecode(checkout, changed.split())
+        without = _run(checkout, environment, tests, "without")
     finally:
         git_in(checkout, "checkout", "--quiet", "HEAD", "--", "vllm", check=True)
+        _forget_bytecode(checkout, changed.split())
     problems = proof.judge_without_fix(base, without)
     if with_fix.failed or with_fix.errors:
         fix.proof = f"NOT proved: with it, {with_fix.failed} of {with_fix.total} failed"
@@ -388,6 +412,17 @@ def _prove(fix: Fix, base: Base, checkout: Path, commit: str, python: Path) -> N
         )
 
 
+def _forget_bytecode(checkout: Path, paths: list[str]) -> None:
+    """Remove the compiled bytecode of ``paths``: Python trusts a ``.pyc``
+    whose source has the size and mtime second it recorded, which a fix
+    applied or reverted within the second can keep."""
+    for name in paths:
+        source = checkout / name
+        if source.suffix == ".py":
+            for compiled in source.parent.glob(f"__pycache__/{source.stem}.*.pyc"):
+                compiled.unlink()
+
+
 def _take_off(checkout: Path, commit: str) -> str:
     """Take the fix ``commit`` off the branch where it is the tip."""
     if git_in(checkout, "rev-parse", "HEAD").stdout.strip() != commit:
@@ -396,14 +431,19 @@ def _take_off(checkout: Path, commit: str) -> str:
     return "left off"
 
 
-def _run(checkout: Path, python: Path, tests: list[str], half: str) -> proof.Outcome:
+def _run(
+    checkout: Path, environment: TestEnvironment, tests: list[str], half: str
+) -> proof.Outcome:
+    print(f"apply: {half} the fix: {len(tests)} test(s)", file=sys.stderr)
+    label = f"apply {half}"
+    if environment.cpu:
+        return proof.run_tests(environment.python, checkout, tests, label=label)
     with tempfile.TemporaryDirectory() as tmp:
         plugin = Path(tmp)
         report_plugin = proof.HARNESS / "vllm_fork_report.py"
         (plugin / report_plugin.name).write_bytes(report_plugin.read_bytes())
-        print(f"apply: {half} the fix: {len(tests)} test(s)", file=sys.stderr)
         return proof.run_tests(
-            python, checkout, tests, label=f"apply {half}", harness=plugin
+            environment.python, checkout, tests, label=label, harness=plugin
         )
 
 

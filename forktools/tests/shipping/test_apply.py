@@ -8,13 +8,16 @@ from pathlib import Path
 import pytest
 
 from forktools.shipping import apply, releases
-from forktools import cli
+from forktools import cli, proof
 from forktools.queue import export, materialize, pins, series
 from forktools.queue.pins import ForkError
 
 from forktools.tests.conftest import CORE, VERSION, git
 from .test_pr import _pin_newer
 from forktools.tests.proof.test_verify import LAYER_3, LAYER_5, SYMPTOMS
+
+
+HERE = apply.TestEnvironment(Path(sys.executable))
 
 
 def _fix(project, layer: int, test: str) -> None:
@@ -151,7 +154,7 @@ def test_a_conflict_stops_naming_the_lines_and_a_second_run_goes_on(
     )
     # Proved again: without it, the checkout's own 300 shows, which is not
     # the bug's declared symptom; the fix is not proved there.
-    assert apply.main(checkout, None, sys.executable) == 1
+    assert apply.main(checkout, None, HERE) == 1
     report = _report(project, checkout)
     earlier = "applied | on the branch from an earlier run | NOT proved: without it, "
     assert f"| {fixes[0]} | {earlier}" in report
@@ -214,7 +217,7 @@ def test_another_queues_version_of_a_fix_is_taken_where_the_bases_does_not_apply
     subprocess.run(["git", "clone", "-q", str(pristine), str(checkout)], check=True)
     dev = "__version__ = version = '9.9.11.dev3+g1e98434'\n"  # no release: BASE= says
     (checkout / "vllm/_version.py").write_text(dev)
-    assert apply.main(checkout, "v9.9.9", sys.executable) == 0
+    assert apply.main(checkout, "v9.9.9", HERE) == 0
     report = _report(project, checkout)
     assert f"| {fixes[0]} | applied | clean, v9.9.10's version of it ({ported}) |" in (
         report
@@ -244,7 +247,7 @@ def test_a_port_is_taken_where_no_queue_has_a_version_that_applies(
     entries = series.fixes(project.base)
     cell = apply.try_alone(checkout, project.base, entries[0], VERSION, pins.load())
     assert cell == "applies as the 9.9.10 port"
-    assert apply.main(checkout, None, sys.executable) == 0
+    assert apply.main(checkout, None, HERE) == 0
     report = _report(project, checkout)
     taken = f"clean, its port to 9.9.10 (ports/9.9.10/{fixes[0]}) | proved: "
     assert f"| {fixes[0]} | applied | {taken}" in report
@@ -302,3 +305,22 @@ def test_the_release_table_takes_the_latest_patch_of_each_minor_in_the_pinned_ra
         releases.download, "_pip_candidates", lambda project: candidates
     )
     assert releases.releases(pins.load()) == ["9.9.9", "9.10.2", "9.11.0"]
+
+
+def test_on_a_machine_without_a_gpu_the_tests_run_under_the_cpu_harness(
+    tmp_path, monkeypatch, capsys
+):
+    harnesses = []
+
+    def run_tests(python, checkout, tests, label="", harness=proof.HARNESS):
+        harnesses.append(sorted(p.name for p in harness.glob("*.py")))
+        return proof.Outcome()
+
+    monkeypatch.setattr(apply.proof, "run_tests", run_tests)
+    for cpu in (False, True):
+        apply._run(tmp_path, apply.TestEnvironment(Path(sys.executable), cpu), [], "with")
+    plain, cpu = harnesses
+    assert plain == ["vllm_fork_report.py"]
+    assert {"sitecustomize.py", "vllm_c_op_stubs.py", "vllm_fork_report.py"} <= set(cpu)
+    assert cli.main(["apply", "--onto", str(tmp_path), "--cpu"]) != 0
+    assert "--cpu goes with --python" in capsys.readouterr().err
