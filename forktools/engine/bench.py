@@ -602,7 +602,12 @@ def keys(bases: list[Base]) -> list[Row]:
     name, another seed, another engine's Ray placement bundle
     (``VLLM_RAY_BUNDLE_INDICES``), a restart after A served three adapters
     loaded at runtime, a fork update that rewords only a test patch and its message
-    (B runs the label the tooling gives that queue). Should compile: LoRA
+    (B runs the label the tooling gives that queue); from v0.33.0, whose CPU
+    runner decodes speculatively (LoRA off, a one-layer draft model): another
+    ``num_speculative_tokens``, drafting token by token or in parallel,
+    n-gram lookup instead of the draft model, and speculative decoding off.
+    Should compile: another draft model (two layers; B should still load the
+    target's artifact), LoRA
     partly, then fully wrapped (issue 55383; the engine core in-process so
     that A's patch reaches it), LoRA off, the model split into two pipeline
     stages (B's first stage saves under ``rank_0_0`` as A's whole model

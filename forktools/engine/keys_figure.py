@@ -121,8 +121,9 @@ SPECULATIVE = {"enable_lora": 0, "draft": "draft", "draft_tokens": 2}
 PARALLEL = {**SPECULATIVE, "parallel_drafting": 1}
 SPECULATIVE_SINCE = "0.33.0"
 SAME_TARGET = (
-    "the target's graph is the same: neither method returns auxiliary hidden "
-    "states, the only speculative input to it"
+    "the target's graph is the same (only a method that returns auxiliary "
+    "hidden states changes it, and neither start uses one; a cold B writes the "
+    "target's Inductor code under A's content hash)"
 )
 CELLS = (
     Cell(
@@ -188,7 +189,8 @@ CELLS = (
         why="A drafts k=2 tokens with a one-layer draft model, B k=3: each drafter "
         "pass is a one-token-per-request graph run k times, and the target's "
         "graph takes any token count; on GPU k also sets the CUDA graph sizes, "
-        "which the CPU platform clears (53366)",
+        "which the CPU platform clears (53366); a cold B writes both models' "
+        "Inductor code under A's content hashes",
     ),
     Cell(
         "another k drafting in parallel",
@@ -270,7 +272,7 @@ CELLS = (
         loads=1,
         since=SPECULATIVE_SINCE,
         why="B's draft model has two layers, A's one: B compiles its drafter (47911) "
-        f"and should load the target's artifact, as {SAME_TARGET}",
+        f"and should load the target's artifact: {SAME_TARGET}",
     ),
     Cell(
         "an undeclared HF config attribute added",
