@@ -328,8 +328,9 @@ def _has_it(base: Base, entry: series.Entry, version: str, checkout: Path) -> st
 
 def _versions(base: Base, entry: series.Entry, release: str, pinned: pins.Pins):
     """The fix's patch in ``base``'s queue, then its versions in the other
-    queues (``same_fix``), nearest base first, then its ports, the one
-    written on the release nearest ``release`` first."""
+    queues (``same_fix``), nearest base first, then its ports: those written
+    on a release at or below ``release`` (code the checkout's release grew
+    from), newest first, then the others, nearest first."""
     yield Version(base, base.patch_dir / entry.name)
     queues = sorted(
         pinned.newest_first(), key=lambda other: _distance(other.version, base.version)
@@ -338,9 +339,15 @@ def _versions(base: Base, entry: series.Entry, release: str, pinned: pins.Pins):
         for candidate in series.fixes(other):
             if same_fix(base, entry, other, candidate):
                 yield Version(other, other.patch_dir / candidate.name)
-    yield from sorted(
-        ports(base, entry), key=lambda port: _distance(port.release, release)
-    )
+    yield from sorted(ports(base, entry), key=_port_order(release))
+
+
+def _port_order(release: str):
+    def key(port: Version) -> tuple[bool, tuple[int, ...]]:
+        above = pins.version_key(port.release) > pins.version_key(release)
+        return above, _distance(port.release, release)
+
+    return key
 
 
 def _distance(version: str, other: str) -> tuple[int, ...]:

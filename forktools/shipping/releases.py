@@ -80,11 +80,10 @@ def main() -> int:
         "edit): each fix of the "
         f"{oldest.name} queue, alone, on the latest patch release of each "
         "minor from the oldest pin to the newest, as `make apply` takes it "
-        "(see `forktools/shipping/releases.py` for what a cell means).\n\n"
-        + _markdown(lines)
-        + "\n\n"
-        + "\n".join(legend)
-        + "\n"
+        "(see `forktools/shipping/releases.py` for what a cell means). A fix "
+        "that applies is not yet proved there: `make apply ONTO=<a checkout of "
+        "the release> PYTHON=<its environment>` runs its tests with and "
+        "without it.\n\n" + _markdown(lines) + "\n\n" + "\n".join(legend) + "\n"
     )
     print(f"releases: {page}")
     return 0

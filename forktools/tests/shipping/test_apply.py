@@ -324,3 +324,14 @@ def test_on_a_machine_without_a_gpu_the_tests_run_under_the_cpu_harness(
     assert {"sitecustomize.py", "vllm_c_op_stubs.py", "vllm_fork_report.py"} <= set(cpu)
     assert cli.main(["apply", "--onto", str(tmp_path), "--cpu"]) != 0
     assert "--cpu goes with --python" in capsys.readouterr().err
+
+
+def test_a_port_written_at_or_below_the_checkouts_release_comes_first(project):
+    ports = [apply.Version(project.base, Path("p"), r) for r in ("0.23.0", "0.24.0")]
+    for release, first in [
+        ("0.21.0", "0.23.0"),  # both above: the nearest
+        ("0.23.0", "0.23.0"),
+        ("0.24.0", "0.24.0"),
+        ("0.25.1", "0.24.0"),  # both below: the newest
+    ]:
+        assert sorted(ports, key=apply._port_order(release))[0].release == first
