@@ -12,9 +12,10 @@ of:
 - **applied**: ``git am --3way`` on the branch (``forktools.shipping.user_checkout``,
   as ``make pr ONTO=``), the queue's own patch or, where it does not apply,
   another queue's patch of the same fix (same subject or regression test
-  module), else a port of it: the same fix and tests written on a release
+  module), or a port of it: the same fix and tests written on a release
   no queue is pinned to, kept as ``patches/<base>/ports/<release>/<the
-  fix's patch name>`` (nearest release first); with ``python``, proved
+  fix's patch name>``; the version written on the code nearest the
+  checkout's is tried first; with ``python``, proved
   there: the fix's tests pass with it and fail without it (its source
   reverted, its tests kept), each failure the declared symptom. A fix whose
   tests pass without it is **not needed** on this build and is taken off the
@@ -66,6 +67,10 @@ class Version:
                 f"its port to {self.release} (ports/{self.release}/{self.patch.name})"
             )
         return f"{self.base.name}'s version of it ({self.patch.name})"
+
+    @property
+    def written_on(self) -> str:
+        return self.release or self.base.version
 
     def blobs(self) -> Path:
         """A git repository holding the blobs the patch was written against."""
@@ -326,26 +331,31 @@ def _has_it(base: Base, entry: series.Entry, version: str, checkout: Path) -> st
     return ""
 
 
-def _versions(base: Base, entry: series.Entry, release: str, pinned: pins.Pins):
-    """The fix's patch in ``base``'s queue, then its versions in the other
-    queues (``same_fix``), nearest base first, then its ports: those written
-    on a release at or below ``release`` (code the checkout's release grew
-    from), newest first, then the others, nearest first."""
-    yield Version(base, base.patch_dir / entry.name)
-    queues = sorted(
-        pinned.newest_first(), key=lambda other: _distance(other.version, base.version)
-    )
-    for other in queues[1:]:
-        for candidate in series.fixes(other):
-            if same_fix(base, entry, other, candidate):
-                yield Version(other, other.patch_dir / candidate.name)
-    yield from sorted(ports(base, entry), key=_port_order(release))
+def _versions(
+    base: Base, entry: series.Entry, release: str, pinned: pins.Pins
+) -> list[Version]:
+    """Every version of the fix: ``base``'s patch, the other queues' versions
+    of it (``same_fix``) and its ports, the one written on the code nearest
+    the checkout's ``release`` first (``_nearest_code``)."""
+    versions = [Version(base, base.patch_dir / entry.name)]
+    for other in pinned.newest_first():
+        if other is not base:
+            versions += [
+                Version(other, other.patch_dir / candidate.name)
+                for candidate in series.fixes(other)
+                if same_fix(base, entry, other, candidate)
+            ]
+    return sorted(versions + ports(base, entry), key=_nearest_code(release))
 
 
-def _port_order(release: str):
-    def key(port: Version) -> tuple[bool, tuple[int, ...]]:
-        above = pins.version_key(port.release) > pins.version_key(release)
-        return above, _distance(port.release, release)
+def _nearest_code(release: str):
+    """Versions written on a release at or below ``release`` (code the
+    checkout's grew from) first, the newest of them first; then the others,
+    nearest first; ``base``'s own patch before an equal one."""
+
+    def key(version: Version) -> tuple[bool, tuple[int, ...]]:
+        above = pins.version_key(version.written_on) > pins.version_key(release)
+        return above, _distance(version.written_on, release)
 
     return key
 

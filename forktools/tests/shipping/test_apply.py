@@ -326,12 +326,18 @@ def test_on_a_machine_without_a_gpu_the_tests_run_under_the_cpu_harness(
     assert "--cpu goes with --python" in capsys.readouterr().err
 
 
-def test_a_port_written_at_or_below_the_checkouts_release_comes_first(project):
-    ports = [apply.Version(project.base, Path("p"), r) for r in ("0.23.0", "0.24.0")]
+def test_the_version_written_on_the_code_nearest_the_checkouts_comes_first(project):
+    base = project.base  # v9.9.9
+    versions = [
+        apply.Version(base, Path("own")),
+        apply.Version(base, Path("port"), "9.9.11"),
+        apply.Version(base, Path("port"), "9.9.13"),
+    ]
     for release, first in [
-        ("0.21.0", "0.23.0"),  # both above: the nearest
-        ("0.23.0", "0.23.0"),
-        ("0.24.0", "0.24.0"),
-        ("0.25.1", "0.24.0"),  # both below: the newest
+        ("9.9.9", "9.9.9"),  # its own base
+        ("9.9.10", "9.9.9"),  # the only one at or below
+        ("9.9.12", "9.9.11"),  # the newest at or below
+        ("9.9.14", "9.9.13"),
     ]:
-        assert sorted(ports, key=apply._port_order(release))[0].release == first
+        nearest = sorted(versions, key=apply._nearest_code(release))[0]
+        assert nearest.written_on == first
