@@ -98,10 +98,11 @@ def symptom_problems(base: Base) -> list[str]:
     return symptoms.ledger_problems(base)
 
 
-def judge_without_fix(base: Base, without: Outcome) -> list[str]:
+def judge_without_fix(base: Base, without: Outcome, port: str = "") -> list[str]:
     """What is wrong with a run without a fix, judged against the base's
-    declared symptoms; empty when every failure is its test's symptom."""
-    return symptoms.problems(without, symptoms.load(base))
+    declared symptoms (and those of the ``port`` folder it came from); empty
+    when every failure is its test's symptom."""
+    return symptoms.problems(without, symptoms.load(base, port))
 
 
 def default_jobs() -> int:

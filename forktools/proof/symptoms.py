@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 from forktools.proof import ledger
 from forktools.proof.runner import Outcome
@@ -40,11 +41,22 @@ class Declared:
     symptoms: dict[str, Symptom]
 
 
-def load(base: Base) -> Declared:
+def load(base: Base, port: str = "") -> Declared:
     """The base's declarations, checked: each names an exception and a
-    pattern, or why it is no-regression."""
-    file = base.patch_dir / FILE
-    shown = f"patches/{base.name}/{FILE}"
+    pattern, or why it is no-regression. ``port``: a folder of ports
+    (``ports/<release>``) whose own declarations replace the base's for the
+    tests they name, where the ported fix's bug shows otherwise there."""
+    declared = _read(base.patch_dir / FILE, f"patches/{base.name}/{FILE}")
+    if port:
+        shown = f"patches/{base.name}/{port}/{FILE}"
+        ported = _read(base.patch_dir / port / FILE, shown)
+        declared = Declared(
+            f"{declared.path} and {shown}", {**declared.symptoms, **ported.symptoms}
+        )
+    return declared
+
+
+def _read(file: Path, shown: str) -> Declared:
     if not file.exists():
         return Declared(shown, {})
     try:

@@ -47,7 +47,12 @@ def _ports(base: Base) -> list[str]:
     the fix it ports, whose subject it carries (``make apply`` takes it as
     that fix)."""
     fixes = {entry.name: entry for entry in series.fixes(base)}
-    found = []
+    found = [
+        f"patches/{base.name}/{path.relative_to(base.patch_dir)} is neither a "
+        "port (<the fix's patch file>) nor its symptoms.toml; remove it"
+        for path in sorted((base.patch_dir / series.PORTS).glob("*/*"))
+        if path.suffix != ".patch" and path.name != "symptoms.toml"
+    ]
     for release, port in series.ports(base):
         shown = f"patches/{base.name}/{port.name}"
         fix = fixes.get(Path(port.name).name)

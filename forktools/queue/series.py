@@ -97,7 +97,7 @@ def ports(base: Base) -> list[tuple[str, Entry]]:
     """The queue's ports, as (release, entry): a fix and its tests written
     again on a release no queue is pinned to, kept as
     ``patches/<base>/ports/<release>/<the fix's patch name>``."""
-    found = sorted((base.patch_dir / PORTS).glob("*/*"))
+    found = sorted((base.patch_dir / PORTS).glob("*/*.patch"))
     return [
         (path.parent.name, Entry(str(path.relative_to(base.patch_dir))))
         for path in found

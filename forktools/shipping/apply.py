@@ -69,6 +69,11 @@ class Version:
         return f"{self.base.name}'s version of it ({self.patch.name})"
 
     @property
+    def folder(self) -> str:
+        """Where a port and its symptoms are, under the queue's folder."""
+        return f"{series.PORTS}/{self.release}" if self.release else ""
+
+    @property
     def written_on(self) -> str:
         return self.release or self.base.version
 
@@ -222,7 +227,8 @@ def _apply(
     base, entry, checkout = target.base, fix.entry, target.checkout
     if earlier := target.on_branch.get(entry.subject(base)):
         fix.outcome, fix.how = APPLIED, "on the branch from an earlier run"
-        _prove_if(fix, base, checkout, earlier, environment)
+        own = Version(base, base.patch_dir / entry.name)
+        _prove_if(fix, own, checkout, earlier, environment)
         return
     if held := _has_it(base, entry, target.version, checkout):
         fix.outcome, fix.how = HAS_IT, held
@@ -251,7 +257,7 @@ def _apply(
         )
         raise ForkError(f"{stopped}\n{_why_conflict(base, entry, target.version)}")
     head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
-    _prove_if(fix, version.base, checkout, head, environment)
+    _prove_if(fix, version, checkout, head, environment)
 
 
 def _first_applying(
@@ -270,7 +276,7 @@ def _first_applying(
 
 def _prove_if(
     fix: Fix,
-    base: Base,
+    version: Version,
     checkout: Path,
     commit: str,
     environment: TestEnvironment | None,
@@ -280,7 +286,7 @@ def _prove_if(
             "not proved here (PYTHON=: an environment with the checkout installed)"
         )
     else:
-        _prove(fix, base, checkout, commit, environment)
+        _prove(fix, version, checkout, commit, environment)
 
 
 def try_alone(
@@ -382,7 +388,11 @@ def _am(version: Version, checkout: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _prove(
-    fix: Fix, base: Base, checkout: Path, commit: str, environment: TestEnvironment
+    fix: Fix,
+    version: Version,
+    checkout: Path,
+    commit: str,
+    environment: TestEnvironment,
 ) -> None:
     """The tests of the fix ``commit`` in the checkout with it (HEAD) and
     without it (its source changes reverted there for the run, its tests
@@ -413,7 +423,7 @@ def _prove(
     finally:
         git_in(checkout, "checkout", "--quiet", "HEAD", "--", "vllm", check=True)
         _forget_bytecode(checkout, changed.split())
-    problems = proof.judge_without_fix(base, without)
+    problems = proof.judge_without_fix(version.base, without, version.folder)
     if with_fix.failed or with_fix.errors:
         fix.proof = f"NOT proved: with it, {with_fix.failed} of {with_fix.total} failed"
     elif not without.failed and not without.errors:

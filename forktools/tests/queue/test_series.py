@@ -237,12 +237,16 @@ def test_check_flags_a_port_under_no_release_or_of_no_fix(project):
         (f"9.9.10/{name}", fix),  # a good one
         (f"latest/{name}", fix),
         ("9.9.10/0009-Unknown.patch", fix),
+        ("9.9.10/symptoms.toml", ""),  # its own symptoms: fine
+        ("9.9.10/notes.txt", ""),
         (f"9.9.11/{name}", fix.replace("layer 3 return 33", "layer 3 right")),
     ]:
         (ports / place).parent.mkdir(parents=True, exist_ok=True)
         (ports / place).write_text(text)
     shown = f"patches/{project.base.name}/ports"
     assert check.problems(project.base) == [
+        f"{shown}/9.9.10/notes.txt is neither a port (<the fix's patch file>) nor "
+        "its symptoms.toml; remove it",
         f"{shown}/9.9.10/0009-Unknown.patch ports no fix of the {project.base.name} "
         "queue: name it as the fix's patch file",
         f"{shown}/9.9.11/{name}: its subject is not its fix's ({FIX!r}); a port "

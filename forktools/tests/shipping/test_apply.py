@@ -36,6 +36,18 @@ def _layer_3_rewritten(core: str) -> str:
     return core.replace("    return 3\n", "    value = 3\n    return value\n")
 
 
+def _fix_layer_3_again(project, repository: Path) -> None:
+    """Layer 3's fix and test written again on its rewritten code, with the
+    queue's message."""
+    core = (repository / "vllm/core.py").read_text()
+    fixed = core.replace("value = 3\n", "value = 33\n")
+    (repository / "vllm/core.py").write_text(fixed)
+    (repository / "tests/test_layer_3.py").write_text(LAYER_3)
+    git(repository, "add", "vllm/core.py", "tests/test_layer_3.py")
+    message = git(project.tree, "log", "--format=%B", "-n", "1", "HEAD~1")
+    git(repository, "commit", "-q", "-s", "-m", message)
+
+
 @pytest.fixture
 def fixes(project) -> list[str]:
     """A queue of two fixes, layer 3 and layer 5, with their symptoms."""
@@ -202,13 +214,7 @@ def test_another_queues_version_of_a_fix_is_taken_where_the_bases_does_not_apply
     # fix written for that code, under the same subject.
     name = _pin_newer(project, "9.9.10", _layer_3_rewritten(CORE))
     newer = pins.load().get(name)
-    tree = materialize.ensure(newer)
-    core = (tree / "vllm/core.py").read_text()
-    (tree / "vllm/core.py").write_text(core.replace("value = 3\n", "value = 33\n"))
-    (tree / "tests/test_layer_3.py").write_text(LAYER_3)
-    git(tree, "add", "vllm/core.py", "tests/test_layer_3.py")
-    subject = git(project.tree, "log", "--format=%B", "-n", "1", "HEAD~1")
-    git(tree, "commit", "-q", "-s", "-m", subject)
+    _fix_layer_3_again(project, materialize.ensure(newer))
     [ported] = export.export(newer)
     (newer.patch_dir / "symptoms.toml").write_text(SYMPTOMS)  # judged by its own
     # An internal build of newer code, told to take the v9.9.9 queue.
@@ -233,12 +239,7 @@ def test_a_port_is_taken_where_no_queue_has_a_version_that_applies(
     # Release 9.9.10, pinned by no queue, writes layer 3 another way; the
     # v9.9.9 queue keeps a port of its fix written on that release.
     release = _checkout(project, tmp_path / "release", _layer_3_rewritten)
-    core = (release / "vllm/core.py").read_text()
-    (release / "vllm/core.py").write_text(core.replace("value = 3\n", "value = 33\n"))
-    (release / "tests/test_layer_3.py").write_text(LAYER_3)
-    git(release, "add", "vllm/core.py", "tests/test_layer_3.py")
-    message = git(project.tree, "log", "--format=%B", "-n", "1", "HEAD~1")
-    git(release, "commit", "-q", "-s", "-m", message)
+    _fix_layer_3_again(project, release)
     port = project.base.patch_dir / "ports" / "9.9.10" / fixes[0]
     port.parent.mkdir(parents=True)
     port.write_text(git(release, "format-patch", "-1", "--stdout"))
@@ -341,3 +342,20 @@ def test_the_version_written_on_the_code_nearest_the_checkouts_comes_first(proje
     ]:
         nearest = sorted(versions, key=apply._nearest_code(release))[0]
         assert nearest.written_on == first
+
+
+def test_a_ports_own_symptoms_judge_its_tests_where_the_bug_shows_otherwise(
+    project, fixes
+):
+    # On the port's release the bug returns 30, not 3.
+    test = "tests/test_layer_3.py::test_layer_3"
+    without = proof.Outcome({test: "failed"}, {test: "AssertionError: assert 30 == 33"})
+    folder = project.base.patch_dir / "ports" / "9.9.10"
+    folder.mkdir(parents=True)
+    [problem] = proof.judge_without_fix(project.base, without, "ports/9.9.10")
+    assert "not its declared symptom" in problem
+    (folder / "symptoms.toml").write_text(
+        f'["{test}"]\nexception = "AssertionError"\nmessage = "assert 30 == 33"\n'
+    )
+    assert proof.judge_without_fix(project.base, without, "ports/9.9.10") == []
+    assert proof.judge_without_fix(project.base, without) != []
