@@ -39,6 +39,7 @@ def export_problems(base: Base) -> list[str]:
     found += _fixes_apply_in_order(base, tree)
     found += _without_fix_diffs(base)
     found += _ports(base)
+    found += _bugs_since(base)
     return found
 
 
@@ -70,6 +71,27 @@ def _ports(base: Base) -> list[str]:
             found.append(
                 f"{shown}: its subject is not its fix's ({fix.subject(base)!r}); "
                 "a port keeps the fix's subject and message"
+            )
+    return found
+
+
+def _bugs_since(base: Base) -> list[str]:
+    """Each declared release a bug came in with names a fix of the queue
+    and a release, and says why."""
+    shown = f"patches/{base.name}/{series.BUGS_SINCE}"
+    try:
+        declared = series.bugs_since(base)
+    except (KeyError, ValueError) as error:
+        return [f"{shown}: unreadable ({error}); each fix gives since and why"]
+    fixes = {entry.name for entry in series.fixes(base)}
+    found = []
+    for name, (since, why) in declared.items():
+        if name not in fixes:
+            found.append(f"{shown}: {name} is no fix of the {base.name} queue")
+        elif not pins.is_release(since) or not why.strip():
+            found.append(
+                f"{shown}: {name}: since must be a release version and why "
+                "must say what code the bug needs"
             )
     return found
 

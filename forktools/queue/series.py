@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forktools.queue import git, upstream
-from forktools.queue.pins import Artifact, Base, ForkError, sha256_of
+from forktools.queue.pins import Artifact, Base, ForkError, sha256_of, tomllib
 
 SERIES_HEADER = """\
 # Patch queue for vLLM {base}, applied in order with
@@ -102,6 +102,21 @@ def ports(base: Base) -> list[tuple[str, Entry]]:
         (path.parent.name, Entry(str(path.relative_to(base.patch_dir))))
         for path in found
     ]
+
+
+BUGS_SINCE = "bugs_since.toml"
+
+
+def bugs_since(base: Base) -> dict[str, tuple[str, str]]:
+    """The release each of the queue's fixes' bug came in with, and why,
+    where that is a release after the oldest pinned base:
+    ``patches/<base>/bugs_since.toml`` maps a patch name to ``since`` and
+    ``why``. A release below it lacks the bug: nothing there to fix."""
+    path = base.patch_dir / BUGS_SINCE
+    if not path.exists():
+        return {}
+    declared = tomllib.loads(path.read_text())
+    return {name: (bug["since"], bug["why"]) for name, bug in declared.items()}
 
 
 def fixes(base: Base) -> list[Entry]:

@@ -4,8 +4,9 @@ new branch from its HEAD.
 The checkout's vLLM version is read from the newest release tag on its
 history (``git describe --tags``), else from ``vllm/_version.py`` (what a
 build or an sdist leaves there); the fixes are those of the nearest pinned
-base at or below it (``BASE=`` overrides), in series order. Each ends in one
-of:
+base at or below it (``BASE=`` overrides), in series order, then those of
+each newer queue that none before is a version of (bugs that came in after
+that base). Each ends in one of:
 
 - **has it**: the patch's ``Upstream-Status`` names a release at or before
   the checkout's, or the patch reverse-applies there;
@@ -19,7 +20,8 @@ of:
   there: the fix's tests pass with it and fail without it (its source
   reverted, its tests kept), each failure the declared symptom. A fix whose
   tests pass without it is **not needed** on this build and is taken off the
-  branch again;
+  branch again; so is a fix whose bug came in with a later release than the
+  checkout's (the queue's ``bugs_since.toml``);
 - **conflict**: the run stops naming the file, the conflicted lines and the
   fix; ``git am --continue``, then ``make apply`` again, goes on from the
   branch.
@@ -105,8 +107,9 @@ class TestEnvironment:
 
 @dataclass
 class Fix:
-    """One fix of the queue and what became of it in the checkout."""
+    """One fix and what became of it in the checkout."""
 
+    base: Base  # the queue that carries it
     entry: series.Entry
     outcome: str = ""
     how: str = ""
@@ -183,17 +186,33 @@ def main(
     else:
         version, read_from = checkout_version(checkout)
         base = base_for(version, pinned)
-    fixes = [Fix(entry) for entry in series.fixes(base)]
-    target = _target(checkout, version, base, {f.entry.subject(base) for f in fixes})
+    fixes = needed(base, pinned)
+    subjects = {fix.entry.subject(fix.base) for fix in fixes}
+    target = _target(checkout, version, base, subjects)
     try:
         for fix in fixes:
             _apply(fix, target, pinned, environment)
     finally:
         report = _report(target, read_from, fixes)
     for fix in fixes:
-        print(f"apply: {fix.entry.name}: {fix.outcome}, {fix.how}; {fix.proof}")
+        print(f"apply: {_shown(fix, base)}: {fix.outcome}, {fix.how}; {fix.proof}")
     print(f"apply: {checkout}: branch {target.branch}; report {report}")
     return 0 if all(fix.done for fix in fixes) else 1
+
+
+def needed(base: Base, pinned: pins.Pins) -> list[Fix]:
+    """``base``'s fixes in series order, then those of each newer queue that
+    no fix before it is a version of: bugs that came in after ``base``."""
+    fixes = [Fix(base, entry) for entry in series.fixes(base)]
+    oldest_first = pinned.newest_first()[::-1]
+    newer = oldest_first[oldest_first.index(base) + 1 :]
+    for other in newer:
+        fixes += [
+            Fix(other, entry)
+            for entry in series.fixes(other)
+            if not any(same_fix(fix.base, fix.entry, other, entry) for fix in fixes)
+        ]
+    return fixes
 
 
 def _target(checkout: Path, version: str, base: Base, subjects: set[str]) -> Target:
@@ -224,11 +243,14 @@ def _target(checkout: Path, version: str, base: Base, subjects: set[str]) -> Tar
 def _apply(
     fix: Fix, target: Target, pinned: pins.Pins, environment: TestEnvironment | None
 ) -> None:
-    base, entry, checkout = target.base, fix.entry, target.checkout
+    base, entry, checkout = fix.base, fix.entry, target.checkout
     if earlier := target.on_branch.get(entry.subject(base)):
         fix.outcome, fix.how = APPLIED, "on the branch from an earlier run"
         own = Version(base, base.patch_dir / entry.name)
         _prove_if(fix, own, checkout, earlier, environment)
+        return
+    if since := _bug_since(base, entry, target.version):
+        fix.outcome, fix.how = NOT_NEEDED, f"the bug came in with {since}"
         return
     if held := _has_it(base, entry, target.version, checkout):
         fix.outcome, fix.how = HAS_IT, held
@@ -297,6 +319,8 @@ def try_alone(
     "applies as <base>'s", "applies as the <release> port", "no code" (none
     of the files it fixes is there) or "port needed"."""
     sources = [name for name in entry.changed_files(base) if name.startswith("vllm/")]
+    if since := _bug_since(base, entry, version):
+        return f"no bug (came in {since.split()[0]})"
     if held := _has_it(base, entry, version, checkout):
         released = entry.upstream_status(base).released_in
         return f"{HAS_IT} (v{released})" if "released" in held else f"{HAS_IT} (code)"
@@ -323,6 +347,15 @@ def _why_conflict(base: Base, entry: series.Entry, version: str) -> str:
         "reverse-apply) and no queue's version of the fix applies: the code "
         "moved, the fix needs a port for this release."
     )
+
+
+def _bug_since(base: Base, entry: series.Entry, version: str) -> str:
+    """The later release ``entry``'s bug came in with, and why, where vLLM
+    ``version`` is older than it; else ""."""
+    since, why = series.bugs_since(base).get(entry.name, ("", ""))
+    if since and pins.version_key(version) < pins.version_key(since):
+        return f"{since} ({why})"
+    return ""
 
 
 def _has_it(base: Base, entry: series.Entry, version: str, checkout: Path) -> str:
@@ -474,11 +507,16 @@ def _run(
         )
 
 
+def _shown(fix: Fix, base: Base) -> str:
+    """The fix's patch name, with its queue where that is not ``base``."""
+    return fix.entry.name if fix.base is base else f"{fix.base.name} {fix.entry.name}"
+
+
 def _report(target: Target, read_from: str, fixes: list[Fix]) -> Path:
     checkout, base = target.checkout, target.base
     head = user_checkout.describe(checkout, "HEAD")
     rows = [
-        f"| {fix.entry.name} | {fix.outcome or 'not reached'} | {fix.how} | "
+        f"| {_shown(fix, base)} | {fix.outcome or 'not reached'} | {fix.how} | "
         f"{fix.proof} |"
         for fix in fixes
     ]
@@ -487,7 +525,7 @@ def _report(target: Target, read_from: str, fixes: list[Fix]) -> Path:
         "",
         f"- checkout: `{head}`, vLLM {target.version} (read from {read_from})",
         f"- branch: `{target.branch}`, the fixes of the {base.name} queue in "
-        "series order",
+        "series order, then those only a newer queue carries",
         "",
         "| fix | outcome | how | its tests there |",
         "|---|---|---|---|",

@@ -5,15 +5,17 @@ newest, against every fix, as ``make apply`` would take it: written to
 The releases are the latest patch release of each minor that the package
 index offers between the oldest and the newest pin. Each one's sdist (its
 published sha256 checked) becomes a git checkout in the cache, one commit,
-and each fix of the oldest base's queue (the one that carries them all) is
-tried alone on it (``apply.try_alone``): in the version of the nearest base
-at or below the release where that queue carries it, else the oldest's, then
-any other queue's, then its ports. A cell says "has it" (with the upstream
+and each fix ``make apply`` takes from the oldest base (its queue's, then
+those only a newer queue carries) is tried alone on it
+(``apply.try_alone``): in the version of the nearest base at or below the
+release where that queue carries it, else its own queue's, then any other
+queue's, then its ports. A cell says "has it" (with the upstream
 release that fixed it, or "code" where its source changes reverse-apply),
 "applies", "applies as <base>'s", "applies as the <release> port" (a port
 kept in ``patches/<base>/ports/<release>/``), "no code" (none of the files
 it fixes is there) or "port needed" (the release has the bug and neither a
-queue's version nor a port applies).
+queue's version nor a port applies) or "no bug (came in <release>)" (the
+queue's ``bugs_since.toml`` says the bug came with a later release).
 """
 
 from __future__ import annotations
@@ -48,37 +50,43 @@ def releases(pinned: pins.Pins) -> list[str]:
     return [latest[minor] for minor in sorted(latest)]
 
 
-def row(
-    version: str, fixes: list[series.Entry], oldest: Base, pinned: pins.Pins
-) -> list[str]:
+def row(version: str, fixes: list[apply.Fix], pinned: pins.Pins) -> list[str]:
     """Each fix on the release, alone."""
     checkout = release_sdists.checkout_of(version)
     nearest = apply.base_for(version, pinned)
     cells = []
-    for entry in fixes:
-        base, own = oldest, entry
+    for fix in fixes:
+        base, own = fix.base, fix.entry
         for candidate in series.fixes(nearest):
-            if apply.same_fix(oldest, entry, nearest, candidate):
+            if apply.same_fix(fix.base, fix.entry, nearest, candidate):
                 base, own = nearest, candidate
         cells.append(apply.try_alone(checkout, base, own, version, pinned))
     return cells
 
 
+def _column(fix: apply.Fix, oldest: Base) -> str:
+    number = fix.entry.name[:4]
+    return number if fix.base is oldest else f"{fix.base.name} {number}"
+
+
 def main() -> int:
     pinned = pins.load()
     oldest = pinned.newest_first()[-1]
-    fixes = series.fixes(oldest)
-    lines = [("release", *(entry.name[:4] for entry in fixes))]
+    fixes = apply.needed(oldest, pinned)
+    lines = [("release", *(_column(fix, oldest) for fix in fixes))]
     for version in releases(pinned):
         print(f"releases: {version}", file=sys.stderr, flush=True)
-        lines.append((version, *row(version, fixes, oldest, pinned)))
-    legend = [f"- {entry.name[:4]}: {entry.subject(oldest)}" for entry in fixes]
+        lines.append((version, *row(version, fixes, pinned)))
+    legend = [
+        f"- {_column(fix, oldest)}: {fix.entry.subject(fix.base)}" for fix in fixes
+    ]
     page = pins.ROOT / PAGE
     page.write_text(
         "# The fixes on every release\n\n"
         "Written by `make releases` from the package index's sdists (do not "
         "edit): each fix of the "
-        f"{oldest.name} queue, alone, on the latest patch release of each "
+        f"{oldest.name} queue, then each that only a newer queue carries, "
+        "alone, on the latest patch release of each "
         "minor from the oldest pin to the newest, as `make apply` takes it "
         "(see `forktools/shipping/releases.py` for what a cell means). A fix "
         "that applies is not yet proved there: `make apply ONTO=<a checkout of "

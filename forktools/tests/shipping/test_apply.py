@@ -9,7 +9,7 @@ import pytest
 
 from forktools.shipping import apply, releases
 from forktools import cli, proof
-from forktools.queue import export, materialize, pins, series
+from forktools.queue import check, export, materialize, pins, series
 from forktools.queue.pins import ForkError
 
 from forktools.tests.conftest import CORE, VERSION, git
@@ -359,3 +359,67 @@ def test_a_ports_own_symptoms_judge_its_tests_where_the_bug_shows_otherwise(
     )
     assert proof.judge_without_fix(project.base, without, "ports/9.9.10") == []
     assert proof.judge_without_fix(project.base, without) != []
+
+
+LAYER_7 = "def test_layer_7():\n    from vllm import core\n\n    assert core.layer_7() == 77\n"
+
+
+def _newer_queue_with_its_own_fix(project) -> pins.Base:
+    """Release 9.9.10, pinned, whose queue carries a fix no older queue
+    has: layer 7, a bug that came in after 9.9.9."""
+    name = _pin_newer(project, "9.9.10", CORE)
+    newer = pins.load().get(name)
+    tree = materialize.ensure(newer)
+    (tree / "tests/test_layer_7.py").write_text(LAYER_7)
+    (tree / "vllm/core.py").write_text(CORE.replace("return 7\n", "return 77\n"))
+    git(tree, "add", "vllm/core.py", "tests/test_layer_7.py")
+    message = "[Bugfix][Core] Make layer 7 return 77\n\nWhy.\n\nUpstream-Status: Pending [issue 7]"
+    git(tree, "commit", "-q", "-s", "-m", message)
+    export.export(newer)
+    (newer.patch_dir / "symptoms.toml").write_text(
+        '["tests/test_layer_7.py::test_layer_7"]\n'
+        'exception = "AssertionError"\nmessage = "assert 7 == 77"\n'
+    )
+    return newer
+
+
+def test_a_fix_only_a_newer_queue_carries_is_taken_where_its_bug_is(
+    project, fixes, tmp_path
+):
+    newer = _newer_queue_with_its_own_fix(project)
+    [own] = series.fixes(newer)
+    taken = [(fix.base.name, fix.entry.name) for fix in apply.needed(project.base, pins.load())]
+    assert taken == [(project.base.name, fixes[0]), (project.base.name, fixes[1])] + [
+        (newer.name, own.name)
+    ]
+    checkout = _checkout(project, tmp_path / "has-the-bug")
+    assert apply.main(checkout, None, HERE) == 0
+    report = _report(project, checkout)
+    assert f"| v9.9.10 {own.name} | applied | clean | proved: 1/1 passed with it, " in (
+        report
+    )
+    assert "return 77" in (checkout / "vllm/core.py").read_text()
+
+
+def test_below_the_release_its_bug_came_in_with_a_fix_is_not_needed(
+    project, fixes, tmp_path
+):
+    newer = _newer_queue_with_its_own_fix(project)
+    [own] = series.fixes(newer)
+    (newer.patch_dir / series.BUGS_SINCE).write_text(
+        f'["{own.name}"]\nsince = "9.9.10"\nwhy = "layer 7 returns 7 from there"\n'
+    )
+    assert check._bugs_since(newer) == []
+    checkout = _checkout(project, tmp_path / "older")
+    cell = apply.try_alone(checkout, newer, own, VERSION, pins.load())
+    assert cell == "no bug (came in 9.9.10)"
+    assert apply.main(checkout, None, HERE) == 0
+    report = _report(project, checkout)
+    came_in = "the bug came in with 9.9.10 (layer 7 returns 7 from there)"
+    assert f"| v9.9.10 {own.name} | not needed | {came_in} | - |" in report
+    assert "return 7\n" in (checkout / "vllm/core.py").read_text()
+    (newer.patch_dir / series.BUGS_SINCE).write_text(
+        '["0009-No-such-fix.patch"]\nsince = "next"\nwhy = ""\n'
+    )
+    [problem] = check._bugs_since(newer)
+    assert "0009-No-such-fix.patch is no fix of the v9.9.10 queue" in problem
