@@ -102,6 +102,24 @@ def test_each_fix_the_checkout_lacks_is_applied_and_proved_there(
     assert f"apply: {fixes[0]}: applied" in capsys.readouterr().out
 
 
+def test_a_fix_whose_context_the_checkout_changed_is_applied_three_way(
+    project, fixes, tmp_path
+):
+    # The checkout's own change touches a line of layer 3's patch context.
+    checkout = _checkout(
+        project,
+        tmp_path,
+        lambda core: core.replace("def layer_4():\n", "def layer_4():  # ours\n"),
+    )
+    assert _apply(checkout, sys.executable) == 0
+    report = _report(project, checkout)
+    assert (
+        f"| {fixes[0]} | applied | three-way | proved: 1/1 passed with it, " in report
+    )
+    core = (checkout / "vllm/core.py").read_text()
+    assert "return 33\n" in core and "def layer_4():  # ours\n" in core
+
+
 def test_without_python_the_fixes_are_applied_but_not_proved(project, fixes, tmp_path):
     checkout = _checkout(project, tmp_path)
     assert _apply(checkout) == 1
@@ -319,7 +337,9 @@ def test_on_a_machine_without_a_gpu_the_tests_run_under_the_cpu_harness(
 
     monkeypatch.setattr(apply.proof, "run_tests", run_tests)
     for cpu in (False, True):
-        apply._run(tmp_path, apply.TestEnvironment(Path(sys.executable), cpu), [], "with")
+        apply._run(
+            tmp_path, apply.TestEnvironment(Path(sys.executable), cpu), [], "with"
+        )
     plain, cpu = harnesses
     assert plain == ["vllm_fork_report.py"]
     assert {"sitecustomize.py", "vllm_c_op_stubs.py", "vllm_fork_report.py"} <= set(cpu)
@@ -388,7 +408,10 @@ def test_a_fix_only_a_newer_queue_carries_is_taken_where_its_bug_is(
 ):
     newer = _newer_queue_with_its_own_fix(project)
     [own] = series.fixes(newer)
-    taken = [(fix.base.name, fix.entry.name) for fix in apply.needed(project.base, pins.load())]
+    taken = [
+        (fix.base.name, fix.entry.name)
+        for fix in apply.needed(project.base, pins.load())
+    ]
     assert taken == [(project.base.name, fixes[0]), (project.base.name, fixes[1])] + [
         (newer.name, own.name)
     ]
