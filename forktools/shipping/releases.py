@@ -20,6 +20,7 @@ queue's ``bugs_since.toml`` says the bug came with a later release).
 
 from __future__ import annotations
 
+import datetime
 import sys
 
 from forktools.queue import download, pins, series
@@ -83,7 +84,8 @@ def main() -> int:
     page = pins.ROOT / PAGE
     page.write_text(
         "# The fixes on every release\n\n"
-        "Written by `make releases` from the package index's sdists (do not "
+        "Written by `make releases` from the package index's sdists, as it "
+        f"offered them on {datetime.date.today().isoformat()} (do not "
         "edit): each fix of the "
         f"{oldest.name} queue, then each that only a newer queue carries, "
         "alone, on the latest patch release of each "
