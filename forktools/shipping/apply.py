@@ -514,6 +514,7 @@ def _shown(fix: Fix, base: Base) -> str:
 
 def _report(target: Target, read_from: str, fixes: list[Fix]) -> Path:
     checkout, base = target.checkout, target.base
+    started = user_checkout.describe(checkout, target.started_from)
     head = user_checkout.describe(checkout, "HEAD")
     rows = [
         f"| {_shown(fix, base)} | {fix.outcome or 'not reached'} | {fix.how} | "
@@ -523,9 +524,10 @@ def _report(target: Target, read_from: str, fixes: list[Fix]) -> Path:
     lines = [
         f"# The fixes of {base.name} on {checkout}",
         "",
-        f"- checkout: `{head}`, vLLM {target.version} (read from {read_from})",
-        f"- branch: `{target.branch}`, the fixes of the {base.name} queue in "
-        "series order, then those only a newer queue carries",
+        f"- checkout: `{started}`, vLLM {target.version} (read from {read_from})",
+        f"- branch: `{target.branch}`, at `{head}`: the fixes of the "
+        f"{base.name} queue in series order, then those only a newer queue "
+        "carries",
         "",
         "| fix | outcome | how | its tests there |",
         "|---|---|---|---|",

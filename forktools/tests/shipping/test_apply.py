@@ -96,6 +96,9 @@ def test_each_fix_the_checkout_lacks_is_applied_and_proved_there(
     assert git(checkout, "rev-parse", "HEAD~1").strip() == head
     assert "return 33" in (checkout / "vllm/core.py").read_text()
     report = _report(project, checkout)
+    assert f"- checkout: `{head[:12]} Our own change`, vLLM {VERSION} (read from" in (
+        report
+    )
     assert f"vLLM {VERSION} (read from vllm/_version.py)" in report
     assert f"| {fixes[0]} | applied | clean | proved: 1/1 passed with it, " in report
     assert f"| {fixes[1]} | has it | its source changes reverse-apply | - |" in report
