@@ -249,8 +249,9 @@ def _apply(
         own = Version(base, base.patch_dir / entry.name)
         _prove_if(fix, own, checkout, earlier, environment)
         return
-    if since := _bug_since(base, entry, target.version):
-        fix.outcome, fix.how = NOT_NEEDED, f"the bug came in with {since}"
+    if later := _bug_came_later(base, entry, target.version):
+        since, why = later
+        fix.outcome, fix.how = NOT_NEEDED, f"the bug came in with {since} ({why})"
         return
     if held := _has_it(base, entry, target.version, checkout):
         fix.outcome, fix.how = HAS_IT, held
@@ -317,10 +318,11 @@ def try_alone(
     """What ``make apply`` makes of ``entry`` alone on the clean ``checkout``
     of vLLM ``version``, which is left as it was: "has it (...)", "applies",
     "applies as <base>'s", "applies as the <release> port", "no code" (none
-    of the files it fixes is there) or "port needed"."""
+    of the files it fixes is there), "no bug (came in <release>)" or "port
+    needed"."""
     sources = [name for name in entry.changed_files(base) if name.startswith("vllm/")]
-    if since := _bug_since(base, entry, version):
-        return f"no bug (came in {since.split()[0]})"
+    if later := _bug_came_later(base, entry, version):
+        return f"no bug (came in {later[0]})"
     if held := _has_it(base, entry, version, checkout):
         released = entry.upstream_status(base).released_in
         return f"{HAS_IT} (v{released})" if "released" in held else f"{HAS_IT} (code)"
@@ -349,13 +351,15 @@ def _why_conflict(base: Base, entry: series.Entry, version: str) -> str:
     )
 
 
-def _bug_since(base: Base, entry: series.Entry, version: str) -> str:
-    """The later release ``entry``'s bug came in with, and why, where vLLM
-    ``version`` is older than it; else ""."""
+def _bug_came_later(
+    base: Base, entry: series.Entry, version: str
+) -> tuple[str, str] | None:
+    """The release ``entry``'s bug came in with and why, where that is later
+    than vLLM ``version`` (``bugs_since.toml``); else None."""
     since, why = series.bugs_since(base).get(entry.name, ("", ""))
     if since and pins.version_key(version) < pins.version_key(since):
-        return f"{since} ({why})"
-    return ""
+        return since, why
+    return None
 
 
 def _has_it(base: Base, entry: series.Entry, version: str, checkout: Path) -> str:

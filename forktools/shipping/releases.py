@@ -13,9 +13,10 @@ queue's, then its ports. A cell says "has it" (with the upstream
 release that fixed it, or "code" where its source changes reverse-apply),
 "applies", "applies as <base>'s", "applies as the <release> port" (a port
 kept in ``patches/<base>/ports/<release>/``), "no code" (none of the files
-it fixes is there) or "port needed" (the release has the bug and neither a
-queue's version nor a port applies) or "no bug (came in <release>)" (the
-queue's ``bugs_since.toml`` says the bug came with a later release).
+it fixes is there), "no bug (came in <release>)" (the queue's
+``bugs_since.toml`` says the bug came with a later release) or "port
+needed" (the release has the bug and neither a queue's version nor a port
+applies).
 """
 
 from __future__ import annotations
