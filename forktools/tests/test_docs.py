@@ -37,9 +37,15 @@ def test_every_relative_link_resolves():
             assert (page.parent / target).exists(), f"{page.name}: {target}"
 
 
+# The one date a doc may hold: the day the package index offered the sdists
+# that releases.md was made from, which says what the table reflects.
+INDEX_DATE = re.compile(r"as it offered them on 20\d\d-\d\d-\d\d\b")
+
+
 def test_no_doc_keeps_a_dated_log_of_runs():
     for page in [README, *DOCS]:
-        assert not re.search(r"\b20\d\d-\d\d-\d\d\b", page.read_text()), page.name
+        text = INDEX_DATE.sub("", page.read_text(), count=1)
+        assert not re.search(r"\b20\d\d-\d\d-\d\d\b", text), page.name
 
 
 def test_every_make_target_is_in_the_commands_page():
