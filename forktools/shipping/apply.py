@@ -246,8 +246,8 @@ def _apply(
     base, entry, checkout = fix.base, fix.entry, target.checkout
     if earlier := target.on_branch.get(entry.subject(base)):
         fix.outcome, fix.how = APPLIED, "on the branch from an earlier run"
-        own = Version(base, base.patch_dir / entry.name)
-        _prove_if(fix, own, checkout, earlier, environment)
+        applied = _applied_version(base, entry, target, pinned, earlier)
+        _prove_if(fix, applied, checkout, earlier, environment)
         return
     if later := _bug_came_later(base, entry, target.version):
         since, why = later
@@ -281,6 +281,20 @@ def _apply(
         raise ForkError(f"{stopped}\n{_why_conflict(base, entry, target.version)}")
     head = git_in(checkout, "rev-parse", "HEAD").stdout.strip()
     _prove_if(fix, version, checkout, head, environment)
+
+
+def _applied_version(
+    base: Base, entry: series.Entry, target: Target, pinned: pins.Pins, commit: str
+) -> Version:
+    """The version of the fix an earlier run put on the branch as ``commit``:
+    the one whose message it carries (a port's has its own ``Port:``
+    paragraph), so that the proof judges it by that version's symptoms."""
+    carried = git_in(target.checkout, "log", "-1", "--format=%b", commit).stdout
+    for version in _versions(base, entry, target.version, pinned):
+        body = version.patch.read_text().split("\n\n", 1)[1].split("\n---\n")[0]
+        if body.split() == carried.split():
+            return version
+    return Version(base, base.patch_dir / entry.name)
 
 
 def _first_applying(

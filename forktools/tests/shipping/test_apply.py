@@ -276,6 +276,31 @@ def test_a_port_is_taken_where_no_queue_has_a_version_that_applies(
     assert "value = 33" in (checkout / "vllm/core.py").read_text()
 
 
+def test_a_second_run_judges_a_port_on_the_branch_by_the_ports_symptoms(
+    project, fixes, tmp_path, monkeypatch
+):
+    # The port's own symptoms say how layer 3 fails on its release; the
+    # base's, for its own code, would not match there.
+    release = _checkout(project, tmp_path / "release", _layer_3_rewritten)
+    _fix_layer_3_again(project, release)
+    message = git(release, "log", "-1", "--format=%B")
+    ported = message.replace("Why.", "Why.\n\nPort: written on 9.9.10.")
+    git(release, "commit", "-q", "--amend", "-m", ported)
+    folder = project.base.patch_dir / "ports" / "9.9.10"
+    folder.mkdir(parents=True)
+    (folder / fixes[0]).write_text(git(release, "format-patch", "-1", "--stdout"))
+    (folder / "symptoms.toml").write_text(SYMPTOMS)
+    (project.base.patch_dir / "symptoms.toml").write_text(
+        SYMPTOMS.replace("assert 3 == 33", "assert 30 == 33")
+    )
+    monkeypatch.setattr(apply.release_sdists, "checkout_of", lambda version: release)
+    checkout = _checkout(project, tmp_path / "user", _layer_3_rewritten)
+    assert apply.main(checkout, None, HERE) == 0
+    assert apply.main(checkout, None, HERE) == 0  # both fixes on the branch now
+    again = f"| {fixes[0]} | applied | on the branch from an earlier run | proved: "
+    assert again in _report(project, checkout)
+
+
 def test_each_fix_alone_on_a_release_as_the_release_table_shows_it(
     project, fixes, tmp_path
 ):
