@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from forktools.proof import ledger, schedule, symptoms, verify
+from forktools.proof import compiler_cache, ledger, schedule, symptoms, verify
 from forktools.proof.checkouts import checkout
 from forktools.proof.ledger import FILE as LEDGER_FILE
 from forktools.proof.ledger import Proof
@@ -61,6 +61,8 @@ COMMANDS = ("verify", "hunks", "read-only", "costs")
 
 def main(command: str, bases: list[Base], **options) -> int:
     """Run the proof ``command`` (one of COMMANDS) on ``bases``."""
+    if command != "costs":
+        compiler_cache.trim()
     if command == "verify":
         return verify.main(bases, **options)
     if command == "hunks":

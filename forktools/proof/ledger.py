@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import os
 import platform
 from collections.abc import Iterable
 from dataclasses import asdict, astuple, dataclass, field
@@ -228,11 +229,17 @@ def environment_digest(base: Base, environments: dict[str, list[str]]) -> str:
 
 
 def content_digest(path: Path) -> str:
-    """sha256 of a file's bytes, or of the ``*.py`` files of a folder, each
-    with its name."""
+    """sha256 of a file's bytes, or of every file under a folder but compiled
+    bytecode, each with its path there and whether it is executable (the
+    harness holds a program, the compiler shim, besides its modules)."""
+    if path.is_dir():
+        files = [f for f in path.rglob("*") if f.is_file() and f.suffix != ".pyc"]
+    else:
+        files = [path]
     digest = hashlib.sha256()
-    for file in sorted(path.glob("*.py")) if path.is_dir() else [path]:
-        digest.update(f"{file.name}\0".encode())
+    for file in sorted(files):
+        name = file.relative_to(path) if path.is_dir() else file.name
+        digest.update(f"{name}\0{os.access(file, os.X_OK)}\0".encode())
         digest.update(file.read_bytes())
     return digest.hexdigest()
 

@@ -20,10 +20,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from forktools.queue import git, materialize
+from forktools.queue import download, git, materialize
 from forktools.queue.pins import ROOT
 
 HARNESS = ROOT / "forktools" / "engine" / "harness"
+# The g++ that serves a compile Inductor repeats from a cache the sessions
+# share (harness/vllm_cxx_cache.py), and where that cache lives.
+COMPILER_SHIM = HARNESS / "cxx-cache-bin"
+COMPILER_CACHE = "cxx-outputs"
 ASSERTIONS = {"AssertionError", "Failed"}
 
 
@@ -172,7 +176,7 @@ def run_tests(
 PROXIES = ("http_proxy", "https_proxy", "no_proxy", "all_proxy")
 PASSED_THROUGH = ("LANG", *PROXIES)
 # The programs a test may start besides its Python: git, the C++ compiler
-# Inductor calls, the shell.
+# Inductor calls (through COMPILER_SHIM), the shell.
 SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 XDG_ROOTS = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
 
@@ -188,14 +192,18 @@ def caller_environment() -> dict[str, str]:
 
 def session_environment(python: Path, scratch: Path) -> dict[str, str]:
     """HOME, TMPDIR and the XDG roots fresh under ``scratch`` for one pytest
-    session, and PATH fixed: the session's Python's folder, then the system's.
-    No cache, configuration or compiled artifact of another run reaches the
-    tests through them (the cache bugs the queues fix are exactly that)."""
+    session, and PATH fixed: the compiler shim, the session's Python's
+    folder, then the system's. No cache, configuration or compiled artifact
+    of another run reaches the tests through them (the cache bugs the queues
+    fix are exactly that); the shim hands back only g++'s output for inputs
+    of the same content."""
     home, tmp = scratch / "home", scratch / "tmp"
+    path = [str(COMPILER_SHIM), str(python.parent), *SYSTEM_PATH]
     env = {
         "HOME": str(home),
         "TMPDIR": str(tmp),
-        "PATH": os.pathsep.join([str(python.parent), *SYSTEM_PATH]),
+        "PATH": os.pathsep.join(path),
+        "VLLM_FORK_CXX_CACHE": str(download.cache_dir() / COMPILER_CACHE),
         **{name: str(home / name.lower()) for name in XDG_ROOTS},
     }
     for folder in (home, tmp, *(home / name.lower() for name in XDG_ROOTS)):

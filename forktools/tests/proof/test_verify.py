@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from forktools.queue import check, commits, export, materialize
+from forktools.queue import check, commits, download, export, materialize
 from forktools.environments import venv
 from forktools.proof import ledger, machine, runner, symptoms, verify
 from forktools.proof import machine as machines
@@ -925,4 +925,26 @@ def test_a_session_gets_a_fresh_home_tmpdir_and_xdg_roots_and_a_fixed_path(
     )
     assert all(env[name].startswith(str(tmp_path)) for name in runner.XDG_ROOTS)
     assert all(Path(env[name]).is_dir() for name in ("HOME", "TMPDIR", *runner.XDG_ROOTS))
-    assert env["PATH"].split(":") == [str(python.parent), *runner.SYSTEM_PATH]
+    assert env["PATH"].split(":") == [
+        str(runner.COMPILER_SHIM),
+        str(python.parent),
+        *runner.SYSTEM_PATH,
+    ]
+    assert Path(env["VLLM_FORK_CXX_CACHE"]).parent == download.cache_dir()
+
+
+def test_the_harness_key_holds_every_file_of_the_harness_and_its_mode(tmp_path):
+    (tmp_path / "bin").mkdir()
+    shim = tmp_path / "bin" / "g++"
+    shim.write_text("#!/bin/sh\n")
+    (tmp_path / "module.py").write_text("VALUE = 1\n")
+    before = ledger.content_digest(tmp_path)
+    shim.chmod(0o755)
+    executable = ledger.content_digest(tmp_path)
+    shim.write_text("#!/bin/sh\nexit 1\n")
+    assert len({before, executable, ledger.content_digest(tmp_path)}) == 3
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "module.cpython-311.pyc").write_bytes(b"compiled")
+    unchanged = ledger.content_digest(tmp_path)
+    (tmp_path / "__pycache__" / "module.cpython-311.pyc").write_bytes(b"again")
+    assert ledger.content_digest(tmp_path) == unchanged
