@@ -7,6 +7,7 @@ session that needs it, with the same bytes.
 
 from __future__ import annotations
 
+import stat
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,7 @@ def trim(root: Path | None = None, limit: int = LIMIT_BYTES) -> int:
             found = path.stat()
         except OSError:
             continue
-        if path.is_file():
+        if stat.S_ISREG(found.st_mode):
             files.append((found.st_mtime, found.st_size, path))
     left_behind = [
         f

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forktools import proof
-from forktools.queue import commits, materialize, pins, series
+from forktools.queue import commits, materialize, pins, series, upstream
 from forktools.queue.pins import Base, ForkError
 from forktools.shipping import release_sdists, user_checkout
 from forktools.shipping.user_checkout import git_in
@@ -291,8 +291,7 @@ def _applied_version(
     paragraph), so that the proof judges it by that version's symptoms."""
     carried = git_in(target.checkout, "log", "-1", "--format=%b", commit).stdout
     for version in _versions(base, entry, target.version, pinned):
-        body = version.patch.read_text().split("\n\n", 1)[1].split("\n---\n")[0]
-        if body.split() == carried.split():
+        if upstream.message_of(version.patch.read_text()).split() == carried.split():
             return version
     return Version(base, base.patch_dir / entry.name)
 
